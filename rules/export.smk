@@ -1,0 +1,36 @@
+# Backend-independent tail: the backend's HF-format checkpoint -> {RUN}/hf -> {RUN}/eval.json.
+
+
+rule export_hf:
+    input:
+        trained=f"{RUN}/checkpoints/{BACKEND}/final",
+        tokenizer=f"{RUN}/tokenizer",
+    output:
+        directory(f"{RUN}/hf"),
+    params:
+        cfg=cfg_json("export"),
+    log:
+        f"{RUN}/logs/export_hf.log",
+    conda:
+        "../envs/torch.yaml"
+    shell:
+        "{LLMPIPE} export --config {params.cfg:q} --trained {input.trained} --tokenizer {input.tokenizer}"
+        " --out {output} > {log} 2>&1"
+
+
+rule evaluate:
+    input:
+        model=f"{RUN}/hf",
+        data=f"{RUN}/data/views/hf",
+    output:
+        f"{RUN}/eval.json",
+    params:
+        cfg=cfg_json("eval"),
+    threads: 2
+    log:
+        f"{RUN}/logs/evaluate.log",
+    conda:
+        "../envs/torch.yaml"
+    shell:
+        "{LLMPIPE} evaluate --config {params.cfg:q} --model {input.model} --data {input.data}"
+        " --threads {threads} --out {output} > {log} 2>&1"

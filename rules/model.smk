@@ -1,0 +1,16 @@
+# Initial checkpoint: a new Llama from config/ sizes, or a local base model (continued pre-training).
+
+
+rule init_model:
+    input:
+        tokenizer=f"{RUN}/tokenizer",
+    output:
+        directory(f"{RUN}/checkpoints/init"),
+    params:
+        cfg=cfg_json("model", "train"),
+    log:
+        f"{RUN}/logs/init_model.log",
+    conda:
+        "../envs/torch.yaml"
+    shell:
+        "{LLMPIPE} init-model --config {params.cfg:q} --tokenizer {input.tokenizer} --out {output} > {log} 2>&1"

@@ -1,0 +1,30 @@
+# Backend "torch": plain PyTorch (DDP under torchrun when train.nproc > 1).
+# Contract for every backend file: produce the HF-format folder {RUN}/checkpoints/<backend>/final.
+
+
+def torch_launcher():
+    n = config["train"]["nproc"]
+    return "python" if n == 1 else f"torchrun --standalone --nproc_per_node {n}"
+
+
+rule train_torch:
+    input:
+        init=f"{RUN}/checkpoints/init",
+        data=f"{RUN}/data/views/hf",
+    output:
+        directory(f"{RUN}/checkpoints/torch/final"),
+    params:
+        cfg=cfg_json("train", "eval"),
+        launcher=torch_launcher(),
+        src=str(Path(workflow.basedir) / "src"),
+        checkpoints=f"{RUN}/checkpoints/torch",
+        metrics=f"{RUN}/train/metrics.jsonl",
+    threads: config["train"]["threads"] * config["train"]["nproc"]
+    log:
+        f"{RUN}/logs/train_torch.log",
+    conda:
+        "../envs/torch.yaml"
+    shell:
+        "PYTHONPATH={params.src}${{PYTHONPATH:+:$PYTHONPATH}} {params.launcher} -m llmpipe train"
+        " --config {params.cfg:q} --init {input.init} --data {input.data} --checkpoints {params.checkpoints}"
+        " --metrics {params.metrics} --out {output} > {log} 2>&1"

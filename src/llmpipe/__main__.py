@@ -1,0 +1,33 @@
+"""llmpipe CLI: every pipeline step, usable without Snakemake.  `llmpipe <command> --help`."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+
+COMMANDS = {
+    "get-data": "llmpipe.data.get_data",
+    "tokenizer": "llmpipe.data.tokenizer",
+    "tokenize": "llmpipe.data.tokenize",
+    "token-store": "llmpipe.data.token_store",
+    "pack": "llmpipe.data.views",
+    "init-model": "llmpipe.model.init",
+    "train": "llmpipe.backends.torch.train",
+    "export": "llmpipe.export",
+    "evaluate": "llmpipe.evaluate",
+    "check-config": "llmpipe.check_config",
+}
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        print(__doc__ + "\n\ncommands:\n" + "\n".join(f"  {c}" for c in COMMANDS), file=sys.stderr)
+        sys.exit(0 if argv and argv[0] in ("-h", "--help") else 2)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    importlib.import_module(COMMANDS[argv[0]]).main(argv[1:])
+
+
+if __name__ == "__main__":
+    main()

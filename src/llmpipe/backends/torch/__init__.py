@@ -1,0 +1,1 @@
+"""Plain PyTorch backend: transformers LlamaForCausalLM (SDPA), AdamW, DDP under torchrun."""

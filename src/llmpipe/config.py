@@ -1,0 +1,100 @@
+"""Load and validate pipeline configs against the one JSON schema (defaults filled in)."""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+SCHEMA_PATH = Path(__file__).with_name("config_schema.yaml")
+
+
+class ConfigError(ValueError):
+    """A config key is unknown, mistyped or out of range."""
+
+
+def load_schema() -> dict:
+    return yaml.safe_load(SCHEMA_PATH.read_text())
+
+
+def _with_defaults(validator_class):
+    validate_properties = validator_class.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for name, sub in properties.items():
+                if "default" in sub:
+                    instance.setdefault(name, copy.deepcopy(sub["default"]))
+        yield from validate_properties(validator, properties, instance, schema)
+
+    return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
+
+
+_Validator = _with_defaults(jsonschema.Draft202012Validator)
+
+
+def _subschema(schema: dict, path: list) -> dict:
+    for part in path:
+        if isinstance(part, int):
+            schema = schema.get("items", {})
+        else:
+            schema = schema.get("properties", {}).get(part, {})
+    return schema
+
+
+def _describe(error: jsonschema.ValidationError, schema: dict) -> str:
+    path = [str(p) for p in error.absolute_path]
+    where = ".".join(path) or "<top level>"
+    if error.validator == "additionalProperties":
+        known = sorted(_subschema(schema, list(error.absolute_path)).get("properties", {}))
+        unknown = sorted(set(error.instance) - set(known))
+        parts = []
+        for key in unknown:
+            full = ".".join(path + [key])
+            hint = difflib.get_close_matches(key, known, n=1)
+            parts.append(f"unknown key '{full}'" + (f" (did you mean '{hint[0]}'?)" if hint else ""))
+        return "; ".join(parts) + f"; allowed here: {', '.join(known)}"
+    return f"'{where}': {error.message}"
+
+
+def validate(config: dict | None) -> dict:
+    """Validate a config (mutated in place: defaults filled) and return it.
+
+    Raises ConfigError naming every offending key.
+    """
+    config = {} if config is None else config
+    schema = load_schema()
+    errors = sorted(_Validator(schema).iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
+    if errors:
+        lines = "\n".join(f"  - {_describe(e, schema)}" for e in errors)
+        raise ConfigError(f"invalid llmpipe config:\n{lines}")
+    train = config["train"]
+    if train["min_lr"] > train["lr"]:
+        raise ConfigError(f"invalid llmpipe config: 'train.min_lr' ({train['min_lr']}) exceeds 'train.lr' ({train['lr']})")
+    return config
+
+
+def load(source: str | Path | dict | None) -> dict:
+    """Config from a YAML/JSON file path, inline JSON text or a dict; validated, defaults filled."""
+    if source is None or isinstance(source, dict):
+        return validate(copy.deepcopy(source))
+    text = str(source)
+    if text.lstrip().startswith("{"):
+        data = json.loads(text)
+    else:
+        path = Path(text)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        data = yaml.safe_load(path.read_text())
+    if data is not None and not isinstance(data, dict):
+        raise ConfigError(f"config must be a mapping, got {type(data).__name__}")
+    return validate(data)
+
+
+def run_dir(config: dict) -> Path:
+    return Path(config["results_dir"]) / config["run"]

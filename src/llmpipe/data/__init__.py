@@ -1,0 +1,1 @@
+"""Data stages: read documents, shard, tokenize, token store, packed views."""

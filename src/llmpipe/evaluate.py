@@ -1,0 +1,45 @@
+"""evaluate: load the exported model with transformers, score the validation view -> eval.json."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+from pathlib import Path
+
+import torch
+
+from llmpipe import config as cfgmod
+from llmpipe.io import write_json
+from llmpipe.train.loss import dataset_loss
+
+log = logging.getLogger(__name__)
+
+
+def evaluate(model_dir: str | Path, view_dir: str | Path, out: str | Path, batch_size: int, threads: int = 2) -> dict:
+    import datasets
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(threads)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = AutoModelForCausalLM.from_pretrained(
+        str(model_dir), dtype=torch.float32, attn_implementation="sdpa", trust_remote_code=False
+    ).to(device)
+    val = datasets.load_from_disk(str(Path(view_dir) / "val")).with_format("torch")
+    loss, tokens = dataset_loss(model, val, batch_size, device)
+    result = {"val_loss": loss, "perplexity": math.exp(loss), "tokens": tokens, "sequences": len(val),
+              "model": str(model_dir), "data": str(Path(view_dir) / "val")}
+    write_json(out, result)
+    log.info("eval: %s", result)
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="llmpipe evaluate", description=__doc__)
+    p.add_argument("--config", required=True)
+    p.add_argument("--model", required=True, help="HF model folder")
+    p.add_argument("--data", required=True, help="hf view folder (its val/ split is scored)")
+    p.add_argument("--out", required=True, help="eval.json")
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args(argv)
+    evaluate(args.model, args.data, args.out, cfgmod.load(args.config)["eval"]["batch_size"], args.threads)

@@ -1,0 +1,41 @@
+"""export: a trained HF-format checkpoint -> <run>/hf/ (safetensors + config + tokenizer), in export.dtype."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+import torch
+
+from llmpipe import config as cfgmod
+from llmpipe.data.tokenizer import load_tokenizer
+from llmpipe.io import atomic_path
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def export(trained: str | Path, tokenizer_dir: str | Path, out_dir: str | Path, dtype: str = "float32") -> None:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(trained), dtype=torch.float32, trust_remote_code=False)
+    model = model.to(DTYPES[dtype])
+    tok = load_tokenizer(tokenizer_dir)
+    if model.get_input_embeddings().weight.shape[0] < len(tok):
+        raise ValueError(f"{trained}: fewer embedding rows than tokenizer entries ({len(tok)})")
+    with atomic_path(out_dir) as tmp:
+        model.save_pretrained(str(tmp), safe_serialization=True)
+        tok.save_pretrained(str(tmp))
+    log.info("exported %s -> %s (%s, %d parameters)", trained, out_dir, dtype, model.num_parameters())
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="llmpipe export", description=__doc__)
+    p.add_argument("--config", required=True)
+    p.add_argument("--trained", required=True, help="HF-format folder the backend produced")
+    p.add_argument("--tokenizer", required=True)
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    export(args.trained, args.tokenizer, args.out, cfgmod.load(args.config)["export"]["dtype"])

@@ -1,0 +1,1 @@
+"""Model stages: initial checkpoint (new Llama or a local base model)."""

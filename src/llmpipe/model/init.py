@@ -1,0 +1,75 @@
+"""init-model: the starting HF checkpoint (a new Llama from config sizes, or a local base model)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+import torch
+
+from llmpipe import config as cfgmod
+from llmpipe.data.tokenizer import load_tokenizer
+from llmpipe.io import atomic_path
+
+log = logging.getLogger(__name__)
+
+
+def llama_config(model_cfg: dict, vocab_size: int, seq_len: int, tok):
+    from transformers import LlamaConfig
+
+    heads, kv = model_cfg["num_attention_heads"], model_cfg["num_key_value_heads"]
+    if model_cfg["hidden_size"] % heads or heads % kv:
+        raise ValueError(
+            f"model: hidden_size {model_cfg['hidden_size']} must divide by num_attention_heads {heads}, "
+            f"and num_attention_heads by num_key_value_heads {kv}"
+        )
+    multiple = model_cfg["vocab_multiple"]
+    return LlamaConfig(
+        vocab_size=-(-vocab_size // multiple) * multiple,
+        hidden_size=model_cfg["hidden_size"],
+        intermediate_size=model_cfg["intermediate_size"],
+        num_hidden_layers=model_cfg["num_hidden_layers"],
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        max_position_embeddings=seq_len,
+        rope_theta=model_cfg["rope_theta"],
+        rms_norm_eps=model_cfg["rms_norm_eps"],
+        tie_word_embeddings=model_cfg["tie_word_embeddings"],
+        initializer_range=model_cfg["initializer_range"],
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+
+
+def init_model(cfg: dict, tokenizer_dir: str | Path, out_dir: str | Path) -> None:
+    from transformers import AutoModelForCausalLM, LlamaForCausalLM
+
+    tok = load_tokenizer(tokenizer_dir)
+    base = cfg["model"]["init_from"]
+    if base:
+        model = AutoModelForCausalLM.from_pretrained(base, trust_remote_code=False, dtype=torch.float32)
+        rows = model.get_input_embeddings().weight.shape[0]
+        if rows < len(tok):
+            raise ValueError(f"model.init_from {base} has {rows} embedding rows but the tokenizer has {len(tok)} tokens")
+        if model.config.max_position_embeddings < cfg["train"]["seq_len"]:
+            log.warning("train.seq_len %d exceeds the base model's max_position_embeddings %d",
+                        cfg["train"]["seq_len"], model.config.max_position_embeddings)
+        log.info("continuing from %s (%d parameters)", base, model.num_parameters())
+    else:
+        torch.manual_seed(cfg["train"]["seed"])
+        model = LlamaForCausalLM(llama_config(cfg["model"], len(tok), cfg["train"]["seq_len"], tok))
+        log.info("new Llama: %d parameters, vocab %d", model.num_parameters(), model.config.vocab_size)
+    with atomic_path(out_dir) as tmp:
+        model.save_pretrained(str(tmp))
+        tok.save_pretrained(str(tmp))
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="llmpipe init-model", description=__doc__)
+    p.add_argument("--config", required=True)
+    p.add_argument("--tokenizer", required=True)
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    init_model(cfgmod.load(args.config), args.tokenizer, args.out)

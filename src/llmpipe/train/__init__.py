@@ -1,0 +1,1 @@
+"""Backend-independent training arithmetic: LR schedule, batch layout."""
