@@ -20,12 +20,12 @@ if not Path(workflow.basedir, "rules", f"train_{BACKEND}.smk").is_file() or BACK
         f"unknown train.backend {BACKEND!r}; available: {', '.join(backends.available())}"
     )
 SHARDS = [f"shard-{i:05d}" for i in range(config["data"]["num_shards"])]
-# Every rule runs the package's CLI from this checkout (no install needed inside conda envs).
-LLMPIPE = f"PYTHONPATH={Path(workflow.basedir) / 'src'}${{PYTHONPATH:+:$PYTHONPATH}} python -m llmpipe"
+# Every job runs `python -m llmpipe` from this checkout (no install needed inside conda envs).
+shell.prefix(f"set -euo pipefail; export PYTHONPATH={Path(workflow.basedir) / 'src'}${{{{PYTHONPATH:+:$PYTHONPATH}}}}; ")
 
 
 def cfg_json(*sections):
-    """Only the config sections a rule uses, as JSON: a change there (and only there) reruns it."""
+    """The config sections a job reads, as JSON; a change there (and only there) reruns the job."""
     return json.dumps({s: config[s] for s in sections}, sort_keys=True)
 
 

@@ -7,13 +7,13 @@ rule get_data:
         manifest=f"{RUN}/data/raw/manifest.json",
     params:
         cfg=cfg_json("data"),
-        out=f"{RUN}/data/raw",
+        out=lambda wildcards, output: Path(output.manifest).parent,
     log:
         f"{RUN}/logs/get_data.log",
     conda:
         "../envs/torch.yaml"
     shell:
-        "{LLMPIPE} get-data --config {params.cfg:q} --out {params.out} > {log} 2>&1"
+        "python -m llmpipe get-data --config {params.cfg:q} --out {params.out} > {log} 2>&1"
 
 
 rule tokenizer:
@@ -28,7 +28,7 @@ rule tokenizer:
     conda:
         "../envs/torch.yaml"
     shell:
-        "{LLMPIPE} tokenizer --config {params.cfg:q} --shards {input} --out {output} > {log} 2>&1"
+        "python -m llmpipe tokenizer --config {params.cfg:q} --shards {input} --out {output} > {log} 2>&1"
 
 
 rule tokenize:
@@ -44,7 +44,7 @@ rule tokenize:
     conda:
         "../envs/torch.yaml"
     shell:
-        "{LLMPIPE} tokenize --config {params.cfg:q} --shard {input.shard} --tokenizer {input.tokenizer}"
+        "python -m llmpipe tokenize --config {params.cfg:q} --shard {input.shard} --tokenizer {input.tokenizer}"
         " --out {output} > {log} 2>&1"
 
 
@@ -58,7 +58,7 @@ rule token_store:
     conda:
         "../envs/torch.yaml"
     shell:
-        "{LLMPIPE} token-store --shards {input} --out {output} > {log} 2>&1"
+        "python -m llmpipe token-store --shards {input} --out {output} > {log} 2>&1"
 
 
 rule pack_hf:
@@ -73,4 +73,4 @@ rule pack_hf:
     conda:
         "../envs/torch.yaml"
     shell:
-        "{LLMPIPE} pack --config {params.cfg:q} --store {input} --out {output} > {log} 2>&1"
+        "python -m llmpipe pack --config {params.cfg:q} --store {input} --out {output} > {log} 2>&1"

@@ -14,7 +14,7 @@ rule export_hf:
     conda:
         "../envs/torch.yaml"
     shell:
-        "{LLMPIPE} export --config {params.cfg:q} --trained {input.trained} --tokenizer {input.tokenizer}"
+        "python -m llmpipe export --config {params.cfg:q} --trained {input.trained} --tokenizer {input.tokenizer}"
         " --out {output} > {log} 2>&1"
 
 
@@ -32,5 +32,5 @@ rule evaluate:
     conda:
         "../envs/torch.yaml"
     shell:
-        "{LLMPIPE} evaluate --config {params.cfg:q} --model {input.model} --data {input.data}"
+        "python -m llmpipe evaluate --config {params.cfg:q} --model {input.model} --data {input.data}"
         " --threads {threads} --out {output} > {log} 2>&1"

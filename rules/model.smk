@@ -13,4 +13,4 @@ rule init_model:
     conda:
         "../envs/torch.yaml"
     shell:
-        "{LLMPIPE} init-model --config {params.cfg:q} --tokenizer {input.tokenizer} --out {output} > {log} 2>&1"
+        "python -m llmpipe init-model --config {params.cfg:q} --tokenizer {input.tokenizer} --out {output} > {log} 2>&1"

@@ -2,11 +2,6 @@
 # Contract for every backend file: produce the HF-format folder {RUN}/checkpoints/<backend>/final.
 
 
-def torch_launcher():
-    n = config["train"]["nproc"]
-    return "python" if n == 1 else f"torchrun --standalone --nproc_per_node {n}"
-
-
 rule train_torch:
     input:
         init=f"{RUN}/checkpoints/init",
@@ -15,9 +10,12 @@ rule train_torch:
         directory(f"{RUN}/checkpoints/torch/final"),
     params:
         cfg=cfg_json("train", "eval"),
-        launcher=torch_launcher(),
-        src=str(Path(workflow.basedir) / "src"),
-        checkpoints=f"{RUN}/checkpoints/torch",
+        launcher=lambda wildcards, threads: (
+            "python"
+            if config["train"]["nproc"] == 1
+            else f"torchrun --standalone --nproc_per_node {config['train']['nproc']}"
+        ),
+        checkpoints=lambda wildcards, output: Path(output[0]).parent,
         metrics=f"{RUN}/train/metrics.jsonl",
     threads: config["train"]["threads"] * config["train"]["nproc"]
     log:
@@ -25,6 +23,6 @@ rule train_torch:
     conda:
         "../envs/torch.yaml"
     shell:
-        "PYTHONPATH={params.src}${{PYTHONPATH:+:$PYTHONPATH}} {params.launcher} -m llmpipe train"
+        "{params.launcher} -m llmpipe train"
         " --config {params.cfg:q} --init {input.init} --data {input.data} --checkpoints {params.checkpoints}"
         " --metrics {params.metrics} --out {output} > {log} 2>&1"

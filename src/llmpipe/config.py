@@ -38,6 +38,16 @@ def _with_defaults(validator_class):
 _Validator = _with_defaults(jsonschema.Draft202012Validator)
 
 
+# Names other tools use (NxD, SageMaker marketplace, HF Trainer) for keys of ours.
+ALIASES = {
+    "learning_rate": "lr", "max_step": "max_steps", "train_batch_size": "global_batch_size",
+    "per_device_train_batch_size": "micro_batch_size", "batch_size": "global_batch_size",
+    "save_step_interval": "save_interval", "eval_step_interval": "eval_interval",
+    "checkpoint_freq": "save_interval", "max_grad_norm": "grad_clip", "adam_beta1": "beta1",
+    "adam_beta2": "beta2", "block_size": "seq_len", "max_length": "seq_len", "seq_length": "seq_len",
+}
+
+
 def _subschema(schema: dict, path: list) -> dict:
     for part in path:
         if isinstance(part, int):
@@ -56,7 +66,8 @@ def _describe(error: jsonschema.ValidationError, schema: dict) -> str:
         parts = []
         for key in unknown:
             full = ".".join(path + [key])
-            hint = difflib.get_close_matches(key, known, n=1)
+            alias = ALIASES.get(key.lower())
+            hint = [alias] if alias in known else difflib.get_close_matches(key, known, n=1)
             parts.append(f"unknown key '{full}'" + (f" (did you mean '{hint[0]}'?)" if hint else ""))
         return "; ".join(parts) + f"; allowed here: {', '.join(known)}"
     return f"'{where}': {error.message}"

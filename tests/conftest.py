@@ -1,0 +1,83 @@
+"""Shared fixtures: a small slice of the shipped corpus, tiny configs, a prepared data view."""
+
+from __future__ import annotations
+
+import copy
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from llmpipe import config as cfgmod
+
+REPO = Path(__file__).resolve().parents[1]
+CORPUS = REPO / "data" / "gutenberg-sample-2mb.jsonl.gz"
+GPT2 = REPO / "data" / "tokenizers" / "gpt2"
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+def corpus_docs(n: int) -> list[str]:
+    docs = []
+    with gzip.open(CORPUS, "rt", encoding="utf-8") as fh:
+        for line in fh:
+            docs.append(json.loads(line)["text"])
+            if len(docs) == n:
+                break
+    return docs
+
+
+def merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def tiny_config(tmp: Path, **sections) -> dict:
+    """A validated config for a seconds-long run on `tmp`/corpus.jsonl."""
+    base = {
+        "run": "t",
+        "results_dir": str(tmp / "results"),
+        "data": {"sources": [str(tmp / "corpus.jsonl")], "num_shards": 2, "val_fraction": 0.1},
+        "tokenizer": {"source": "train", "vocab_size": 512},
+        "model": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                  "num_attention_heads": 4, "num_key_value_heads": 2},
+        "train": {"seq_len": 64, "global_batch_size": 8, "micro_batch_size": 2, "lr": 3e-3, "min_lr": 3e-4,
+                  "warmup_steps": 2, "max_steps": 12, "save_interval": 4, "eval_interval": 6, "seed": 7,
+                  "threads": 1},
+    }
+    return cfgmod.validate(merge(base, sections))
+
+
+def write_jsonl(path: Path, docs: list[str]) -> Path:
+    path.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    return path
+
+
+@pytest.fixture(scope="session")
+def prepared(tmp_path_factory):
+    """Data stages run once through their module functions: raw shards, tokenizer, token store, hf view."""
+    from llmpipe.data.get_data import get_data
+    from llmpipe.data.token_store import build_manifest
+    from llmpipe.data.tokenize import tokenize_shard
+    from llmpipe.data.tokenizer import train_tokenizer
+    from llmpipe.data.views import write_hf_view
+    from llmpipe.model.init import init_model
+
+    tmp = tmp_path_factory.mktemp("prepared")
+    write_jsonl(tmp / "corpus.jsonl", corpus_docs(60))
+    cfg = tiny_config(tmp)
+    d = cfg["data"]
+    raw, tokens = tmp / "raw", tmp / "tokens"
+    get_data(d, raw)
+    shards = sorted(raw.glob("shard-*.parquet"))
+    train_tokenizer(shards, tmp / "tokenizer", cfg["tokenizer"]["vocab_size"], cfg["tokenizer"]["min_frequency"])
+    outs = [tokens / f"{s.stem}.safetensors" for s in shards]
+    for s, o in zip(shards, outs):
+        tokenize_shard(s, tmp / "tokenizer", o, d["add_bos"])
+    build_manifest(outs, tokens / "manifest.json")
+    write_hf_view(tokens / "manifest.json", tmp / "view", cfg["train"]["seq_len"], d["remainder"], d["val_remainder"])
+    init_model(cfg, tmp / "tokenizer", tmp / "init")
+    return {"root": tmp, "cfg": cfg, "raw": raw, "tokens": tokens, "view": tmp / "view", "init": tmp / "init",
+            "tokenizer": tmp / "tokenizer"}

@@ -1,0 +1,74 @@
+import subprocess
+
+import pytest
+import yaml
+
+from llmpipe import config as cfgmod
+from tests.conftest import REPO
+
+
+def test_defaults_fill_every_section():
+    cfg = cfgmod.load({})
+    assert cfg["train"]["backend"] == "torch"
+    assert cfg["data"]["remainder"] == "drop"
+    assert cfg["tokenizer"]["source"] == "train"
+
+
+def test_embedded_default_config_is_valid():
+    cfg = cfgmod.load(REPO / "config" / "config.yaml")
+    assert cfg["train"]["max_steps"] > 0
+
+
+def test_unknown_key_is_named_with_suggestion():
+    with pytest.raises(cfgmod.ConfigError) as err:
+        cfgmod.load({"train": {"learning_rate": 1e-3, "warmup_step": 3}})
+    assert "unknown key 'train.learning_rate' (did you mean 'lr'?)" in str(err.value)
+    assert "unknown key 'train.warmup_step' (did you mean 'warmup_steps'?)" in str(err.value)
+
+
+def test_unknown_top_level_section():
+    with pytest.raises(cfgmod.ConfigError, match="unknown key 'trian'"):
+        cfgmod.load({"trian": {}})
+
+
+def test_wrong_type_names_key():
+    with pytest.raises(cfgmod.ConfigError) as err:
+        cfgmod.load({"train": {"global_batch_size": "sixteen"}})
+    assert "'train.global_batch_size'" in str(err.value)
+
+
+def test_bad_enum_and_range():
+    with pytest.raises(cfgmod.ConfigError, match="data.remainder"):
+        cfgmod.load({"data": {"remainder": "keep"}})
+    with pytest.raises(cfgmod.ConfigError, match="data.val_fraction"):
+        cfgmod.load({"data": {"val_fraction": 1.5}})
+
+
+def test_min_lr_above_lr_rejected():
+    with pytest.raises(cfgmod.ConfigError, match="min_lr"):
+        cfgmod.load({"train": {"lr": 1e-4, "min_lr": 1e-3}})
+
+
+def test_inline_json_and_file(tmp_path):
+    assert cfgmod.load('{"train": {"seq_len": 4096}}')["train"]["seq_len"] == 4096
+    f = tmp_path / "c.yaml"
+    f.write_text(yaml.safe_dump({"train": {"seq_len": 8192}}))
+    assert cfgmod.load(f)["train"]["seq_len"] == 8192
+
+
+def test_snakemake_refuses_bad_config_before_any_job(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"train": {"max_step": 10}}))
+    proc = subprocess.run(["snakemake", "-n", "--cores", "1", "--configfile", str(bad)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "train.max_step" in proc.stdout + proc.stderr
+
+
+def test_snakemake_refuses_unknown_backend(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"train": {"backend": "tpu-magic"}}))
+    proc = subprocess.run(["snakemake", "-n", "--cores", "1", "--configfile", str(bad)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "unknown train.backend 'tpu-magic'" in proc.stdout + proc.stderr

@@ -1,0 +1,95 @@
+"""Torch backend: loss goes down, bitwise resume, DDP (2 gloo processes) == 1 process, resume guard."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.conftest import merge
+
+
+def run_train(prepared, tmp, name, cfg_over=None, stop_after=None, nproc=1, expect_ok=True):
+    cfg = merge(prepared["cfg"], cfg_over or {})
+    out = tmp / name
+    launcher = [sys.executable, "-m", "llmpipe"] if nproc == 1 else [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "llmpipe"]
+    cmd = launcher + ["train", "--config", json.dumps(cfg), "--init", str(prepared["init"]),
+                      "--data", str(prepared["view"]), "--checkpoints", str(out / "ckpt"),
+                      "--metrics", str(out / "metrics.jsonl"), "--out", str(out / "final")]
+    if stop_after:
+        cmd += ["--stop-after", str(stop_after)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if expect_ok:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, proc
+
+
+def losses(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def baseline(prepared, tmp_path_factory):
+    out, _ = run_train(prepared, tmp_path_factory.mktemp("base"), "a")
+    return out
+
+
+def test_loss_goes_down_and_final_model_written(baseline):
+    recs = losses(baseline)
+    assert [r["step"] for r in recs] == list(range(1, 13))
+    first, last = (sum(r["loss"] for r in part) / 3 for part in (recs[:3], recs[-3:]))
+    assert last < first - 0.2
+    vals = [r["val_loss"] for r in recs if "val_loss" in r]
+    assert len(vals) == 2 and vals[-1] < vals[0]
+    summary = json.loads((baseline / "final" / "train_summary.json").read_text())
+    assert summary["final_val_loss"] == vals[-1]
+    assert (baseline / "final" / "model.safetensors").is_file()
+
+
+def test_resume_after_stop_is_bitwise_identical(prepared, baseline, tmp_path):
+    out, _ = run_train(prepared, tmp_path, "b", stop_after=5)
+    assert not (out / "final").exists()
+    assert sorted(p.name for p in (out / "ckpt").iterdir()) == ["step_00000004", "step_00000005"]
+    out, proc = run_train(prepared, tmp_path, "b")
+    assert "resumed from" in proc.stderr
+    a = load_file(str(baseline / "final" / "model.safetensors"))
+    b = load_file(str(out / "final" / "model.safetensors"))
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    assert [r["loss"] for r in losses(out)] == [r["loss"] for r in losses(baseline)]
+
+
+def test_resume_from_partial_checkpoint_folder_is_ignored(prepared, baseline, tmp_path):
+    """A killed save leaves only a temp folder or a step folder without `done`: never resumed from."""
+    out, _ = run_train(prepared, tmp_path, "c", stop_after=4)
+    ckpt = out / "ckpt"
+    shutil.copytree(ckpt / "step_00000004", ckpt / "step_00000008")
+    (ckpt / "step_00000008" / "done").unlink()
+    (ckpt / "step_00000008" / "model.safetensors").write_bytes(b"truncated")
+    out, proc = run_train(prepared, tmp_path, "c")
+    assert "step_00000004 (step 4)" in proc.stderr
+    a = load_file(str(baseline / "final" / "model.safetensors"))
+    b = load_file(str(out / "final" / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resume_refuses_changed_hyperparameters(prepared, tmp_path):
+    run_train(prepared, tmp_path, "d", stop_after=4)
+    _, proc = run_train(prepared, tmp_path, "d", cfg_over={"train": {"lr": 1e-3}}, expect_ok=False)
+    assert proc.returncode != 0
+    assert "different training setup" in proc.stderr and "'lr'" in proc.stderr
+
+
+def test_ddp_two_processes_match_one_process(prepared, baseline, tmp_path):
+    out, proc = run_train(prepared, tmp_path, "ddp", nproc=2)
+    assert "world 2" in proc.stderr and "grad accumulation 2" in proc.stderr
+    one, two = losses(baseline), losses(out)
+    assert len(one) == len(two) == 12
+    for r1, r2 in zip(one, two):
+        assert r2["loss"] == pytest.approx(r1["loss"], abs=1e-4), r1["step"]
+    assert two[-1]["val_loss"] == pytest.approx(one[-1]["val_loss"], abs=1e-4)
