@@ -7,6 +7,7 @@ sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
 from llmpipe import backends
 from llmpipe.config import ConfigError, validate
+from llmpipe.data.readers import HF_PREFIX, expand_sources
 
 try:
     validate(config)
@@ -29,8 +30,22 @@ def cfg_json(*sections):
     return json.dumps({s: config[s] for s in sections}, sort_keys=True)
 
 
+def corpus_files(wildcards):
+    """Local corpus files (globs expanded), so editing one reruns get_data; hf: sources are not files."""
+    return expand_sources([s for s in config["data"]["sources"] if not s.startswith(HF_PREFIX)])
+
+
 def tokenizer_inputs(wildcards):
-    """Training a tokenizer reads the raw shards; copying a local one does not."""
+    """Training a tokenizer reads the raw shards; copying a local one reads its tokenizer.json."""
     if config["tokenizer"]["source"] == "train":
         return expand(f"{RUN}/data/raw/{{shard}}.parquet", shard=SHARDS)
-    return []
+    return [f"{config['tokenizer']['source']}/tokenizer.json"]
+
+
+def base_model_files(wildcards):
+    """A local base model's config and weights (continued pre-training), so a change reruns init."""
+    base = config["model"]["init_from"]
+    if not base:
+        return []
+    weights = sorted(str(p) for p in Path(base).glob("*.safetensors")) or sorted(str(p) for p in Path(base).glob("*.bin"))
+    return [f"{base}/config.json", *weights]

@@ -2,6 +2,8 @@
 
 
 rule get_data:
+    input:
+        corpus_files,
     output:
         shards=expand(f"{RUN}/data/raw/{{shard}}.parquet", shard=SHARDS),
         manifest=f"{RUN}/data/raw/manifest.json",

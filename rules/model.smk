@@ -4,6 +4,7 @@
 rule init_model:
     input:
         tokenizer=f"{RUN}/tokenizer",
+        base=base_model_files,
     output:
         directory(f"{RUN}/checkpoints/init"),
     params:

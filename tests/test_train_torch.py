@@ -93,3 +93,14 @@ def test_ddp_two_processes_match_one_process(prepared, baseline, tmp_path):
     for r1, r2 in zip(one, two):
         assert r2["loss"] == pytest.approx(r1["loss"], abs=1e-4), r1["step"]
     assert two[-1]["val_loss"] == pytest.approx(one[-1]["val_loss"], abs=1e-4)
+
+
+def test_bf16_autocast_runs_on_cpu_when_asked(prepared, baseline, tmp_path):
+    out, proc = run_train(prepared, tmp_path, "bf16", cfg_over={"train": {"precision": "bf16"}})
+    assert "precision torch.bfloat16" in proc.stderr
+    summary = json.loads((out / "final" / "train_summary.json").read_text())
+    assert summary["precision"] == "torch.bfloat16"
+    one, bf = losses(baseline), losses(out)
+    assert bf[-1]["loss"] < bf[0]["loss"]
+    assert bf[-1]["loss"] != one[-1]["loss"]  # really computed in bf16, not fp32
+    assert bf[-1]["loss"] == pytest.approx(one[-1]["loss"], abs=0.1)

@@ -3,6 +3,7 @@
 import json
 import shutil
 import subprocess
+import sys
 
 import datasets
 import pytest
@@ -14,7 +15,7 @@ SKIP = shutil.ignore_patterns("results", ".snakemake", ".git", "__pycache__", "*
 
 
 def snakemake(cwd, *args, timeout=900):
-    return subprocess.run(["snakemake", "--profile", "profiles/local", *args], cwd=cwd, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "snakemake", "--profile", "profiles/local", *args], cwd=cwd, capture_output=True,
                           text=True, timeout=timeout)
 
 
@@ -35,7 +36,7 @@ def test_dry_run_lists_every_stage(workdir):
 
 
 def test_lint_is_clean():
-    proc = subprocess.run(["snakemake", "--lint"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "--lint"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "Lints for" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
 
 
@@ -71,3 +72,13 @@ def test_embedded_default_end_to_end(workdir):
 
     again = snakemake(workdir, "-n", timeout=120)
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
+
+
+def test_ddp_config_launches_torchrun_and_local_tokenizer_is_copied(workdir, tmp_path):
+    overlay = tmp_path / "o.yaml"
+    overlay.write_text("run: ddp\ntrain: {nproc: 2, threads: 1}\ntokenizer: {source: data/tokenizers/gpt2}\n")
+    proc = snakemake(workdir, "-n", "-p", "--configfile", str(overlay), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "torchrun --standalone --nproc_per_node 2 -m llmpipe train" in proc.stdout
+    assert "data/tokenizers/gpt2/tokenizer.json" in proc.stdout  # tracked as the tokenizer rule's input
+    assert "results/ddp/" in proc.stdout and "max_steps" in proc.stdout

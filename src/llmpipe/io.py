@@ -19,11 +19,23 @@ def atomic_path(target: str | Path) -> Iterator[Path]:
     _remove(tmp)
     try:
         yield tmp
+        _default_modes(tmp)
         if tmp.is_dir() and target.exists():
             _remove(target)
         os.replace(tmp, target)
     finally:
         _remove(tmp)
+
+
+def _default_modes(path: Path) -> None:
+    """Some writers (safetensors) create 0600 files; give outputs the usual umask-based modes."""
+    umask = os.umask(0)
+    os.umask(umask)
+    paths = [path, *path.rglob("*")] if path.is_dir() else [path]
+    for p in paths:
+        if p.is_symlink() or not p.exists():
+            continue
+        os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~umask)
 
 
 def _remove(path: Path) -> None:
