@@ -15,8 +15,12 @@ include: f"rules/train_{BACKEND}.smk"
 include: "rules/export.smk"
 
 
+apply_config_resources()
+
+
 rule all:
     input:
+        f"{RUN}/data/stats.json",
         f"{RUN}/hf",
         f"{RUN}/eval.json",
     default_target: True

@@ -7,7 +7,8 @@ sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
 from llmpipe import backends
 from llmpipe.config import ConfigError, validate
-from llmpipe.data.readers import HF_PREFIX, expand_sources
+from llmpipe.data.readers import HF_PREFIX
+from llmpipe.data.sources import expand_sources
 
 try:
     validate(config)
@@ -20,14 +21,22 @@ if not Path(workflow.basedir, "rules", f"train_{BACKEND}.smk").is_file() or BACK
     raise WorkflowError(
         f"unknown train.backend {BACKEND!r}; available: {', '.join(backends.available())}"
     )
-SHARDS = [f"shard-{i:05d}" for i in range(config["data"]["num_shards"])]
+SHARDS = [f"{i:05d}" for i in range(config["data"]["num_shards"])]
+VIEWS = config["data"]["views"]
 # Every job runs `python -m llmpipe` from this checkout (no install needed inside conda envs).
 shell.prefix(f"set -euo pipefail; export PYTHONPATH={Path(workflow.basedir) / 'src'}${{{{PYTHONPATH:+:$PYTHONPATH}}}}; ")
 
 
-def cfg_json(*sections):
-    """The config sections a job reads, as JSON; a change there (and only there) reruns the job."""
-    return json.dumps({s: config[s] for s in sections}, sort_keys=True)
+def cfg_json(*keys):
+    """The config keys a job reads ("data", "train.seq_len"), as JSON: a change there (and only there) reruns it."""
+    out = {}
+    for key in keys:
+        section, _, name = key.partition(".")
+        if name:
+            out.setdefault(section, {})[name] = config[section][name]
+        else:
+            out[section] = config[section]
+    return json.dumps(out, sort_keys=True)
 
 
 def corpus_files(wildcards):
@@ -36,9 +45,9 @@ def corpus_files(wildcards):
 
 
 def tokenizer_inputs(wildcards):
-    """Training a tokenizer reads the raw shards; copying a local one reads its tokenizer.json."""
+    """Training a tokenizer reads the sources; copying a local one reads its tokenizer.json."""
     if config["tokenizer"]["source"] == "train":
-        return expand(f"{RUN}/data/raw/{{shard}}.parquet", shard=SHARDS)
+        return [f"{RUN}/data/sources.json"]
     return [f"{config['tokenizer']['source']}/tokenizer.json"]
 
 
@@ -49,3 +58,27 @@ def base_model_files(wildcards):
         return []
     weights = sorted(str(p) for p in Path(base).glob("*.safetensors")) or sorted(str(p) for p in Path(base).glob("*.bin"))
     return [f"{base}/config.json", *weights]
+
+
+def launch_prefix():
+    """The training launch (llmpipe.launch): python, torchrun, or srun + torchrun per node."""
+    t = config["train"]
+    return f"python -m llmpipe launch --nproc-per-node {t['nproc']} --nnodes {t['nnodes']} --launcher {t['launcher']}"
+
+
+def train_resources():
+    """Nodes of the training job: one task per node (sbatch --nodes N --ntasks N). GPU jobs get no
+    --ntasks-per-gpu (tasks_per_gpu 0), so Slurm's default of one task per node holds there too."""
+    n = config["train"]["nnodes"]
+    return {"nodes": n, "tasks": n, "tasks_per_gpu": 0}
+
+
+def apply_config_resources():
+    """Config `resources:` on top of every rule's resources, the profile's set-resources included
+    (a profile's set-resources would otherwise beat anything a rule declares). Call after all rules."""
+    res = config["resources"]
+    for r in workflow.rules:
+        key = "train" if r.name == f"train_{BACKEND}" else r.name
+        values = {**res.get("default", {}), **res.get(key, {})}
+        if values:
+            r.resources.update(values)

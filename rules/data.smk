@@ -1,21 +1,20 @@
-# corpus -> raw shards -> tokenizer -> token store (tokenize scatter, manifest gather) -> hf view.
+# sources -> tokenizer -> token store (tokenize: one job per shard; token_store: gather)
+# -> views (hf, litgpt) -> verify (token conservation, stats with sha256 of every file).
 
 
 rule get_data:
     input:
         corpus_files,
     output:
-        shards=expand(f"{RUN}/data/raw/{{shard}}.parquet", shard=SHARDS),
-        manifest=f"{RUN}/data/raw/manifest.json",
+        f"{RUN}/data/sources.json",
     params:
         cfg=cfg_json("data"),
-        out=lambda wildcards, output: Path(output.manifest).parent,
     log:
         f"{RUN}/logs/get_data.log",
     conda:
         "../envs/torch.yaml"
     shell:
-        "python -m llmpipe get-data --config {params.cfg:q} --out {params.out} > {log} 2>&1"
+        "python -m llmpipe get-data --config {params.cfg:q} --out {output} > {log} 2>&1"
 
 
 rule tokenizer:
@@ -24,35 +23,40 @@ rule tokenizer:
     output:
         directory(f"{RUN}/tokenizer"),
     params:
-        cfg=cfg_json("tokenizer"),
+        cfg=cfg_json("data", "tokenizer"),
+        sources=lambda wildcards, input: (
+            f"--sources {input[0]}" if config["tokenizer"]["source"] == "train" else ""
+        ),
     log:
         f"{RUN}/logs/tokenizer.log",
     conda:
         "../envs/torch.yaml"
     shell:
-        "python -m llmpipe tokenizer --config {params.cfg:q} --shards {input} --out {output} > {log} 2>&1"
+        "python -m llmpipe tokenizer --config {params.cfg:q} {params.sources} --out {output} > {log} 2>&1"
 
 
 rule tokenize:
     input:
-        shard=f"{RUN}/data/raw/{{shard}}.parquet",
+        sources=f"{RUN}/data/sources.json",
         tokenizer=f"{RUN}/tokenizer",
     output:
-        f"{RUN}/data/tokens/{{shard}}.safetensors",
+        f"{RUN}/data/tokens/shard-{{index}}.safetensors",
     params:
-        cfg=cfg_json("data"),
+        cfg=cfg_json("data", "tokenizer.backend"),
+    threads: 1
     log:
-        f"{RUN}/logs/tokenize/{{shard}}.log",
+        f"{RUN}/logs/tokenize/shard-{{index}}.log",
     conda:
         "../envs/torch.yaml"
     shell:
-        "python -m llmpipe tokenize --config {params.cfg:q} --shard {input.shard} --tokenizer {input.tokenizer}"
-        " --out {output} > {log} 2>&1"
+        "python -m llmpipe tokenize --config {params.cfg:q} --sources {input.sources} --shard {wildcards.index}"
+        " --tokenizer {input.tokenizer} --threads {threads} --out {output} > {log} 2>&1"
 
 
 rule token_store:
     input:
-        expand(f"{RUN}/data/tokens/{{shard}}.safetensors", shard=SHARDS),
+        shards=expand(f"{RUN}/data/tokens/shard-{{index}}.safetensors", index=SHARDS),
+        sources=f"{RUN}/data/sources.json",
     output:
         f"{RUN}/data/tokens/manifest.json",
     log:
@@ -60,19 +64,44 @@ rule token_store:
     conda:
         "../envs/torch.yaml"
     shell:
-        "python -m llmpipe token-store --shards {input} --out {output} > {log} 2>&1"
+        "python -m llmpipe token-store --shards {input.shards} --sources {input.sources} --out {output} > {log} 2>&1"
 
 
-rule pack_hf:
+rule pack_view:
     input:
-        f"{RUN}/data/tokens/manifest.json",
+        store=f"{RUN}/data/tokens/manifest.json",
+        tokenizer=f"{RUN}/tokenizer",
     output:
-        directory(f"{RUN}/data/views/hf"),
+        directory(f"{RUN}/data/views/{{fmt}}"),
+    wildcard_constraints:
+        fmt="hf|litgpt",
     params:
-        cfg=cfg_json("data", "train"),
+        cfg=cfg_json("run", "data", "train.seq_len"),
     log:
-        f"{RUN}/logs/pack_hf.log",
+        f"{RUN}/logs/pack_{{fmt}}.log",
     conda:
         "../envs/torch.yaml"
     shell:
-        "python -m llmpipe pack --config {params.cfg:q} --store {input} --out {output} > {log} 2>&1"
+        "python -m llmpipe pack --config {params.cfg:q} --store {input.store} --format {wildcards.fmt}"
+        " --tokenizer {input.tokenizer} --out {output} > {log} 2>&1"
+
+
+rule verify_data:
+    input:
+        store=f"{RUN}/data/tokens/manifest.json",
+        views=expand(f"{RUN}/data/views/{{fmt}}", fmt=VIEWS),
+        tokenizer=f"{RUN}/tokenizer",
+        sources=f"{RUN}/data/sources.json",
+    output:
+        f"{RUN}/data/stats.json",
+    params:
+        cfg=cfg_json("data"),
+        sample=config["data"]["verify_sample"],
+    log:
+        f"{RUN}/logs/verify_data.log",
+    conda:
+        "../envs/torch.yaml"
+    shell:
+        "python -m llmpipe verify --config {params.cfg:q} --store {input.store} --views {input.views}"
+        " --tokenizer {input.tokenizer} --sources {input.sources} --sample {params.sample} --out {output}"
+        " > {log} 2>&1"

@@ -55,29 +55,39 @@ def write_jsonl(path: Path, docs: list[str]) -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
-def prepared(tmp_path_factory):
-    """Data stages run once through their module functions: raw shards, tokenizer, token store, hf view."""
-    from llmpipe.data.get_data import get_data
+def prepare(tmp: Path, cfg: dict, views=("hf",)) -> dict:
+    """Data stages through their module functions: sources, tokenizer, token store, views."""
+    from llmpipe.data.get_data import get_data, load_sources
+    from llmpipe.data.pack_views import build_view
     from llmpipe.data.token_store import build_manifest
     from llmpipe.data.tokenize import tokenize_shard
-    from llmpipe.data.tokenizer import train_tokenizer
-    from llmpipe.data.views import write_hf_view
+    from llmpipe.data.tokenizer import copy_tokenizer, train_tokenizer
+
+    d, t = cfg["data"], cfg["tokenizer"]
+    key = get_data(d, tmp / "sources.json")["key"]
+    sources = load_sources(tmp / "sources.json")
+    if t["source"] == "train":
+        train_tokenizer(d, sources, tmp / "tokenizer", t["vocab_size"], t["min_frequency"], t["max_train_documents"])
+    else:
+        copy_tokenizer(t["source"], tmp / "tokenizer")
+    tokens = tmp / "tokens"
+    outs = [tokens / f"shard-{i:05d}.safetensors" for i in range(d["num_shards"])]
+    for i, o in enumerate(outs):
+        tokenize_shard(cfg, sources, i, tmp / "tokenizer", o)
+    build_manifest(outs, tokens / "manifest.json", key)
+    for fmt in views:
+        build_view(tokens / "manifest.json", fmt, tmp / fmt, cfg, tmp / "tokenizer")
+    return {"root": tmp, "cfg": cfg, "sources": sources, "tokens": tokens, "manifest": tokens / "manifest.json",
+            "view": tmp / "hf", "tokenizer": tmp / "tokenizer"}
+
+
+@pytest.fixture(scope="session")
+def prepared(tmp_path_factory):
     from llmpipe.model.init import init_model
 
     tmp = tmp_path_factory.mktemp("prepared")
     write_jsonl(tmp / "corpus.jsonl", corpus_docs(60))
     cfg = tiny_config(tmp)
-    d = cfg["data"]
-    raw, tokens = tmp / "raw", tmp / "tokens"
-    get_data(d, raw)
-    shards = sorted(raw.glob("shard-*.parquet"))
-    train_tokenizer(shards, tmp / "tokenizer", cfg["tokenizer"]["vocab_size"], cfg["tokenizer"]["min_frequency"])
-    outs = [tokens / f"{s.stem}.safetensors" for s in shards]
-    for s, o in zip(shards, outs):
-        tokenize_shard(s, tmp / "tokenizer", o, d["add_bos"])
-    build_manifest(outs, tokens / "manifest.json")
-    write_hf_view(tokens / "manifest.json", tmp / "view", cfg["train"]["seq_len"], d["remainder"], d["val_remainder"])
+    out = prepare(tmp, cfg, views=("hf", "litgpt"))
     init_model(cfg, tmp / "tokenizer", tmp / "init")
-    return {"root": tmp, "cfg": cfg, "raw": raw, "tokens": tokens, "view": tmp / "view", "init": tmp / "init",
-            "tokenizer": tmp / "tokenizer"}
+    return {**out, "init": tmp / "init", "litgpt": tmp / "litgpt"}

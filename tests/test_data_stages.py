@@ -1,129 +1,244 @@
-"""get_data shards, tokenize (scatter), token store (gather), hf view."""
+"""Token store and views on real data; the reference is an independent re-tokenization / re-parse."""
 
 import json
+import struct
 
 import datasets
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 from safetensors import safe_open
 
-from llmpipe.data.get_data import get_data
-from llmpipe.data.pack import IGNORE_INDEX
+from llmpipe.data.pack_views import build_view
 from llmpipe.data.token_store import TokenStore, build_manifest
 from llmpipe.data.tokenize import tokenize_shard
-from llmpipe.data.tokenizer import copy_tokenizer, load_tokenizer, tokenizer_info
-from tests.conftest import GPT2, SHARED_DATA, corpus_docs, tiny_config, write_jsonl
+from llmpipe.data.tokenizer import copy_tokenizer, make_encoder
+from llmpipe.data.verify import VerifyError, verify
+from tests.conftest import GPT2, SHARED_DATA, corpus_docs, merge, prepare, tiny_config, write_jsonl
+
+LLAMA3 = SHARED_DATA / "tokenizers" / "llama3"
 
 
-def read_shards(raw):
-    rows = []
-    for f in sorted(raw.glob("shard-*.parquet")):
-        rows += pq.read_table(f).to_pylist()
-    return rows
+def store_docs(manifest):
+    """doc_id -> (split, token list) from every shard of a store."""
+    store, out = TokenStore(manifest), {}
+    for entry in store.manifest["shards"]:
+        with safe_open(str(store.root / entry["file"]), framework="numpy") as f:
+            for split in ("train", "val"):
+                toks, offs, ids = (f.get_tensor(f"{split}.{k}") for k in ("tokens", "offsets", "doc_ids"))
+                for i, d in enumerate(ids):
+                    out[int(d)] = (split, toks[offs[i]:offs[i + 1]].tolist())
+    return out
 
 
-def test_every_document_lands_in_exactly_one_shard(prepared):
-    docs = [json.loads(line)["text"] for line in (prepared["root"] / "corpus.jsonl").read_text().splitlines()]
-    rows = read_shards(prepared["raw"])
-    assert sorted(r["doc_id"] for r in rows) == list(range(len(docs)))
-    assert all(r["text"] == docs[r["doc_id"]] for r in rows)
-    splits = {r["split"] for r in rows}
-    assert splits == {"train", "val"}
-    manifest = json.loads((prepared["raw"] / "manifest.json").read_text())
-    assert manifest["documents"]["train"] + manifest["documents"]["val"] == len(docs)
+def test_store_holds_every_document_as_the_hf_tokenizer_encodes_it(prepared):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(prepared["tokenizer"])
+    texts = corpus_docs(60)
+    docs = store_docs(prepared["manifest"])
+    assert sorted(docs) == list(range(60))  # one source: doc id == record index
+    for i, text in enumerate(texts):
+        assert docs[i][1] == tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    splits = [docs[i][0] for i in range(60)]
+    assert 0 < splits.count("val") < 20
 
 
 def test_validation_split_does_not_depend_on_shard_count(tmp_path, prepared):
-    cfg = tiny_config(prepared["root"], data={"num_shards": 5})
-    get_data(cfg["data"], tmp_path)
-    a = {r["doc_id"]: r["split"] for r in read_shards(prepared["raw"])}
-    b = {r["doc_id"]: r["split"] for r in read_shards(tmp_path)}
-    assert a == b
-    assert len(list(tmp_path.glob("shard-*.parquet"))) == 5
+    cfg = tiny_config(prepared["root"], data={"num_shards": 5}, tokenizer={"source": str(prepared["tokenizer"])})
+    out = prepare(tmp_path, cfg, views=())
+    a, b = store_docs(prepared["manifest"]), store_docs(out["manifest"])
+    assert {d: s for d, (s, _) in a.items()} == {d: s for d, (s, _) in b.items()}
+    assert {d: t for d, (_, t) in a.items()} == {d: t for d, (_, t) in b.items()}
 
 
-def test_empty_validation_split_is_an_error(tmp_path):
-    write_jsonl(tmp_path / "corpus.jsonl", corpus_docs(2))
-    cfg = tiny_config(tmp_path, data={"val_fraction": 1e-9})
-    with pytest.raises(ValueError, match="validation documents"):
-        get_data(cfg["data"], tmp_path / "raw")
-    assert not list((tmp_path / "raw").glob("shard-*"))  # nothing that looks complete
+def gpt2_store(tmp_path, backend, docs):
+    tmp_path.mkdir()
+    write_jsonl(tmp_path / "corpus.jsonl", docs)
+    cfg = tiny_config(tmp_path, tokenizer={"source": str(GPT2), "backend": backend}, data={"num_shards": 1})
+    return prepare(tmp_path, cfg, views=())
 
 
-def test_token_shards_hold_each_document_plus_eos(prepared):
-    tok = load_tokenizer(prepared["tokenizer"])
-    eos = tok.eos_token_id
-    texts = {r["doc_id"]: r["text"] for r in read_shards(prepared["raw"])}
-    for f in sorted(prepared["tokens"].glob("shard-*.safetensors")):
-        with safe_open(str(f), framework="numpy") as st:
-            for split in ("train", "val"):
-                toks, offs, ids = (st.get_tensor(f"{split}.{k}") for k in ("tokens", "offsets", "doc_ids"))
-                assert offs[0] == 0 and offs[-1] == toks.size and len(offs) == len(ids) + 1
-                for i, doc_id in enumerate(ids):
-                    expected = tok(texts[int(doc_id)], add_special_tokens=False)["input_ids"] + [eos]
-                    assert toks[offs[i] : offs[i + 1]].tolist() == expected
+def test_tiktoken_path_equals_hf_path_on_real_data(tmp_path):
+    docs = corpus_docs(40) + ["literal <|endoftext|> inside a document", "  spaces\t\tand\n\n\nnewlines  "]
+    fast = gpt2_store(tmp_path / "fast", "tiktoken", docs)
+    slow = gpt2_store(tmp_path / "slow", "hf", docs)
+    for store, name in ((fast, "tiktoken"), (slow, "hf")):
+        assert TokenStore(store["manifest"]).manifest["shards"][0]["encoder"] == name
+    assert store_docs(fast["manifest"]) == store_docs(slow["manifest"])
+    assert 50256 in store_docs(fast["manifest"])[40][1][:-1]  # the literal special token, as HF encodes it
 
 
-def test_manifest_totals_match_shards(prepared):
-    store = TokenStore(prepared["tokens"] / "manifest.json")
-    for split in ("train", "val"):
-        stream = store.tokens(split)
-        assert stream.size == store.manifest["totals"][split]["tokens"]
-        assert stream[-1] == store.eos_id
+@pytest.mark.skipif(not LLAMA3.is_dir(), reason="needs ../shared/data/tokenizers/llama3")
+def test_llama3_tiktoken_equals_hf_and_auto_bos(tmp_path):
+    copy_tokenizer(LLAMA3, tmp_path / "tok")
+    docs = corpus_docs(30)
+    enc = make_encoder(tmp_path / "tok", "auto", docs[:5])
+    assert enc.name == "tiktoken"
+    assert enc.encode_batch(docs) == make_encoder(tmp_path / "tok", "hf", []).encode_batch(docs)
+    write_jsonl(tmp_path / "corpus.jsonl", docs)
+    cfg = tiny_config(tmp_path, tokenizer={"source": str(LLAMA3)}, data={"num_shards": 1})
+    out = prepare(tmp_path, cfg, views=())
+    for _, toks in store_docs(out["manifest"]).values():
+        assert toks[0] == 128000 and toks[-1] == 128001 and 128000 not in toks[1:-1]
+
+
+def test_tiktoken_falls_back_when_it_cannot_be_exact(tmp_path, caplog):
+    spec = json.loads((GPT2 / "tokenizer.json").read_text())
+    spec["normalizer"] = {"type": "NFKC"}
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "tokenizer.json").write_text(json.dumps(spec))
+    (tmp_path / "tok" / "tokenizer_config.json").write_text((GPT2 / "tokenizer_config.json").read_text())
+    assert make_encoder(tmp_path / "tok", "auto", ["x"]).name == "hf"
+    assert "tiktoken backend not usable" in caplog.text
+    with pytest.raises(ValueError, match="cannot use it"):
+        make_encoder(tmp_path / "tok", "tiktoken", ["x"])
 
 
 def test_store_refuses_shards_from_two_tokenizers(tmp_path, prepared):
-    raw = sorted(prepared["raw"].glob("shard-*.parquet"))
+    cfg = merge(prepared["cfg"], {"tokenizer": {"backend": "hf"}})
     copy_tokenizer(GPT2, tmp_path / "gpt2")
     a, b = tmp_path / "shard-00000.safetensors", tmp_path / "shard-00001.safetensors"
-    tokenize_shard(raw[0], prepared["tokenizer"], a)
-    tokenize_shard(raw[1], tmp_path / "gpt2", b)
+    tokenize_shard(cfg, prepared["sources"], 0, prepared["tokenizer"], a)
+    tokenize_shard(cfg, prepared["sources"], 1, tmp_path / "gpt2", b)
     with pytest.raises(ValueError, match="different tokenizer"):
         build_manifest([a, b], tmp_path / "manifest.json")
 
 
-def test_gpt2_adds_no_bos_and_ids_match_hf(tmp_path, prepared):
-    raw = sorted(prepared["raw"].glob("shard-*.parquet"))[0]
+def test_view_refuses_store_of_another_tokenizer(tmp_path, prepared):
     copy_tokenizer(GPT2, tmp_path / "gpt2")
-    info = tokenizer_info(tmp_path / "gpt2")
-    assert (info.eos_id, info.adds_bos) == (50256, False)
-    tokenize_shard(raw, tmp_path / "gpt2", tmp_path / "s.safetensors")
-    with safe_open(str(tmp_path / "s.safetensors"), framework="numpy") as st:
-        toks = st.get_tensor("train.tokens")
-    assert toks.dtype == np.uint16
-    first = pq.read_table(raw).to_pylist()
-    first_train = next(r for r in first if r["split"] == "train")
-    expected = load_tokenizer(tmp_path / "gpt2")(first_train["text"])["input_ids"]
-    assert toks[: len(expected)].tolist() == expected and toks[len(expected)] == 50256
+    with pytest.raises(ValueError, match="another tokenizer"):
+        build_view(prepared["manifest"], "hf", tmp_path / "v", prepared["cfg"], tmp_path / "gpt2")
 
 
-@pytest.mark.skipif(not (SHARED_DATA / "tokenizers" / "llama3").is_dir(), reason="needs ../shared/data/tokenizers/llama3")
-def test_llama3_auto_bos(tmp_path, prepared):
-    raw = sorted(prepared["raw"].glob("shard-*.parquet"))[0]
-    copy_tokenizer(SHARED_DATA / "tokenizers" / "llama3", tmp_path / "llama3")
-    info = tokenizer_info(tmp_path / "llama3")
-    assert info.adds_bos and info.bos_id == 128000 and info.eos_id == 128001
-    tokenize_shard(raw, tmp_path / "llama3", tmp_path / "s.safetensors", add_bos="auto")
-    with safe_open(str(tmp_path / "s.safetensors"), framework="numpy") as st:
-        toks, offs = st.get_tensor("train.tokens"), st.get_tensor("train.offsets")
-    assert toks.dtype == np.uint32
-    assert (toks[offs[:-1]] == 128000).all() and (toks[offs[1:] - 1] == 128001).all()
+def test_hf_view_loads_as_nxd_loads_it(prepared):
+    from transformers import default_data_collator
 
-
-def test_hf_view_rows_and_conservation(prepared):
-    view = prepared["view"]
     seq = prepared["cfg"]["train"]["seq_len"]
-    stats = json.loads((view / "view.json").read_text())
-    store = TokenStore(prepared["tokens"] / "manifest.json")
-    for split in ("train", "val"):
-        ds = datasets.load_from_disk(str(view / split)).with_format("numpy")[:]
-        ids, mask, labels = ds["input_ids"], ds["attention_mask"], ds["labels"]
-        assert ids.shape[1] == seq and mask.shape == ids.shape == labels.shape
+    ds = datasets.load_from_disk(str(prepared["view"] / "train"))
+    batch = default_data_collator([ds[i] for i in range(4)])
+    for key in ("input_ids", "attention_mask", "labels"):
+        assert str(batch[key].dtype) == "torch.int64" and tuple(batch[key].shape) == (4, seq)
+
+
+def test_segment_ids_start_exactly_after_each_eos(prepared):
+    eos = TokenStore(prepared["manifest"]).eos_id
+    rows = datasets.load_from_disk(str(prepared["view"] / "val")).with_format("numpy")[:]
+    for ids, mask, seg in zip(rows["input_ids"], rows["attention_mask"], rows["segment_ids"]):
+        real = int(mask.sum())
+        assert seg[0] == 0 and (seg[real:] == -1).all()
+        changes = np.flatnonzero(np.diff(seg[:real])) + 1
+        after_eos = np.flatnonzero(ids[: real - 1] == eos) + 1
+        assert changes.tolist() == after_eos.tolist()
+
+
+def read_litgpt(path):
+    """Independent parser of the PackedDataset header spec."""
+    raw = path.read_bytes()
+    assert raw[:7] == b"LITPKDS"
+    version, code, chunk = struct.unpack("<QBQ", raw[7:24])
+    assert version == 1
+    dtype = {8: np.uint16, 4: np.int32}[code]
+    tokens = np.frombuffer(raw[24:], dtype=dtype)
+    assert tokens.size == chunk
+    return tokens
+
+
+@pytest.mark.parametrize("remainder", ["drop", "pad", "carry"])
+def test_every_view_conserves_tokens_under_each_policy(tmp_path, prepared, remainder):
+    cfg = merge(prepared["cfg"], {"data": {"remainder": remainder, "val_remainder": remainder, "shuffle": False,
+                                           "litgpt_sequences_per_file": 7}})
+    store = TokenStore(prepared["manifest"])
+    seq = cfg["train"]["seq_len"]
+    for split, folder in (("train", "train"), ("val", "validation")):
         stream = store.tokens(split)
-        kept = ids[mask == 1]
-        assert kept.tolist() == stream[: kept.size].tolist()
-        assert (labels[mask == 0] == IGNORE_INDEX).all() and (labels[mask == 1] == ids[mask == 1]).all()
-        s = stats[split]
-        assert s["tokens_packed"] + s["dropped_tokens"] == stream.size
-    assert stats["val"]["dropped_tokens"] == 0  # val is padded, not dropped
+        n, rest = stream.size, stream.size % seq
+        # hf view, rows in stream order (shuffle off)
+        build_view(prepared["manifest"], "hf", tmp_path / "hf", cfg)
+        rows = datasets.load_from_disk(str(tmp_path / "hf" / split)).with_format("numpy")[:]
+        got = rows["input_ids"][rows["attention_mask"] == 1]
+        expect = {"drop": stream[: n - rest], "pad": stream,
+                  "carry": np.concatenate([stream, stream[: (seq - rest) % seq]])}[remainder]
+        assert got.tolist() == expect.tolist()
+        # litgpt view: blocks of seq_len + 1
+        build_view(prepared["manifest"], "litgpt", tmp_path / "lit", cfg)
+        files = sorted((tmp_path / "lit" / folder).glob("*.bin"))
+        assert files[0].name.startswith(f"{folder}_t_0_0000000000")
+        flat = np.concatenate([read_litgpt(f) for f in files]).astype(np.int64)
+        block = seq + 1
+        assert flat.size % (block * 7) == 0
+        r = n % block
+        lit_expect = {"drop": stream[: n - r], "pad": stream,
+                      "carry": np.concatenate([stream, stream[: (block - r) % block]])}[remainder]
+        assert flat[: lit_expect.size].tolist() == lit_expect.tolist()
+        assert (flat[lit_expect.size:] == store.eos_id).all()  # pad policy and file padding
+
+
+def test_shuffle_is_seeded_and_a_permutation(tmp_path, prepared):
+    views = {}
+    for name, over in (("a", {}), ("b", {}), ("c", {"shuffle_seed": 1}), ("s", {"shuffle": False})):
+        build_view(prepared["manifest"], "hf", tmp_path / name, merge(prepared["cfg"], {"data": over}))
+        views[name] = datasets.load_from_disk(str(tmp_path / name / "train")).with_format("numpy")[:]["input_ids"]
+    assert np.array_equal(views["a"], views["b"])
+    assert not np.array_equal(views["a"], views["c"])
+    key = lambda rows: sorted(map(bytes, rows))  # noqa: E731
+    assert key(views["a"]) == key(views["s"]) == key(views["c"])
+
+
+def test_verify_proves_conservation_and_catches_tampering(tmp_path, prepared):
+    root = prepared["root"]
+    views = [prepared["view"], prepared["litgpt"]]
+    stats = verify(prepared["manifest"], views, prepared["tokenizer"], root / "sources.json", prepared["cfg"]["data"],
+                   tmp_path / "stats.json")
+    assert stats["tokenization"]["documents_retokenized"] == 60
+    assert stats["views"]["hf"]["conservation"]["val"]["tokens_checked"] == stats["tokens"]["val"]
+    assert all(len(v["sha256"]) == 64 for v in stats["files"].values())
+    tampered = tmp_path / "hf"
+    import shutil
+
+    shutil.copytree(prepared["view"], tampered)
+    arrow = next((tampered / "val").glob("*.arrow"))
+    raw = bytearray(arrow.read_bytes())
+    ds = datasets.load_from_disk(str(prepared["view"] / "val"))
+    first = int(ds[0]["input_ids"][5])
+    pos = raw.find(struct.pack("<i", first) + struct.pack("<i", int(ds[0]["input_ids"][6])))
+    raw[pos:pos + 4] = struct.pack("<i", (first + 1) % 500)
+    arrow.write_bytes(bytes(raw))
+    with pytest.raises(VerifyError, match="hf/val"):
+        verify(prepared["manifest"], [tampered], prepared["tokenizer"], root / "sources.json", prepared["cfg"]["data"],
+               tmp_path / "stats2.json", sample=0)
+
+
+def test_s3_sources_through_a_local_moto_server(tmp_path, monkeypatch):
+    boto3 = pytest.importorskip("boto3")
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        for k, v in {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "testing",
+                     "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+            monkeypatch.setenv(k, v)
+        s3 = boto3.client("s3")
+        s3.create_bucket(Bucket="corpus")
+        docs = corpus_docs(9)
+        for i in range(3):
+            body = "".join(json.dumps({"text": d}) + "\n" for d in docs[i * 3:(i + 1) * 3]).encode()
+            import gzip
+
+            s3.put_object(Bucket="corpus", Key=f"train.{i + 1}.jsonl.gz", Body=gzip.compress(body))
+        cfg = tiny_config(tmp_path, data={"sources": ["s3://corpus/train.{1..3}.jsonl.gz"], "num_shards": 2},
+                          tokenizer={"source": str(GPT2)})
+        out = prepare(tmp_path, cfg, views=())
+        sources = json.loads((tmp_path / "sources.json").read_text())["sources"]
+        assert [s["source"] for s in sources] == [f"s3://corpus/train.{i}.jsonl.gz" for i in (1, 2, 3)]
+        assert all(s.get("etag") for s in sources)
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(GPT2)
+        got = store_docs(out["manifest"])
+        assert len(got) == 9
+        for (src, rec), text in zip([(s, r) for s in range(3) for r in range(3)], docs):
+            assert got[(src << 40) | rec][1] == tok(text)["input_ids"] + [50256]
+    finally:
+        server.stop()

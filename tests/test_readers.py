@@ -7,6 +7,7 @@ import pytest
 
 from llmpipe import config as cfgmod
 from llmpipe.data.readers import BadRecord, ReadStats, iter_documents
+from llmpipe.data.sources import assign, expand_sources
 from tests.conftest import corpus_docs, write_jsonl
 
 
@@ -16,26 +17,31 @@ def data_cfg(sources, **kw):
 
 @pytest.fixture(scope="module")
 def docs():
-    return corpus_docs(5)
+    return corpus_docs(6)
 
 
-def test_jsonl_gz_parquet_and_glob_give_same_documents(tmp_path, docs):
+def test_jsonl_gz_zst_parquet_and_glob_give_same_documents(tmp_path, docs):
+    import zstandard
+
     write_jsonl(tmp_path / "a.jsonl", docs[:2])
     with gzip.open(tmp_path / "b.jsonl.gz", "wt") as fh:
         fh.write("".join(json.dumps({"text": d}) + "\n" for d in docs[2:4]))
-    pq.write_table(pa.table({"text": docs[4:]}), tmp_path / "c.parquet")
+    pq.write_table(pa.table({"text": docs[4:5]}), tmp_path / "c.parquet")
+    raw = "".join(json.dumps({"text": d}) + "\n" for d in docs[5:]).encode()
+    (tmp_path / "d.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(raw))
     assert list(iter_documents(data_cfg([tmp_path / "*"]))) == docs
 
 
-def test_zstd_jsonl(tmp_path, docs):
-    import zstandard
+def test_brace_expansion_keeps_order(tmp_path, docs):
+    for i, d in enumerate(docs[:3]):
+        write_jsonl(tmp_path / f"train.{i + 1}.jsonl", [d])
+    assert expand_sources([str(tmp_path / "train.{1..3}.jsonl")]) == [str(tmp_path / f"train.{i}.jsonl") for i in (1, 2, 3)]
+    assert list(iter_documents(data_cfg([tmp_path / "train.{3,1}.jsonl"]))) == [docs[2], docs[0]]
 
-    raw = "".join(json.dumps({"body": d}) + "\n" for d in docs).encode()
-    (tmp_path / "a.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(raw))
-    assert list(iter_documents(data_cfg([tmp_path / "a.jsonl.zst"], text_field="body"))) == docs
 
-
-def test_plain_text_file_and_paragraph_modes(tmp_path):
+def test_text_field_and_plain_text_modes(tmp_path, docs):
+    (tmp_path / "a.jsonl").write_text(json.dumps({"body": docs[0]}) + "\n")
+    assert list(iter_documents(data_cfg([tmp_path / "a.jsonl"], text_field="body"))) == docs[:1]
     (tmp_path / "t.txt").write_text("first para\nline two\n\n\nsecond para\n")
     assert list(iter_documents(data_cfg([tmp_path / "t.txt"]))) == ["first para\nline two\n\n\nsecond para\n"]
     paras = list(iter_documents(data_cfg([tmp_path / "t.txt"], text_mode="paragraph")))
@@ -46,32 +52,67 @@ def test_hf_dataset_streaming_from_local_folder(tmp_path, docs):
     folder = tmp_path / "ds"
     folder.mkdir()
     pq.write_table(pa.table({"text": docs}), folder / "train.parquet")
-    cfg = data_cfg([f"hf:{folder}"], streaming=True, hf_split="train")
-    assert list(iter_documents(cfg)) == docs
+    for streaming in (True, False):
+        assert list(iter_documents(data_cfg([f"hf:{folder}"], streaming=streaming))) == docs
 
 
-def test_bad_record_error_names_file_and_line(tmp_path):
-    (tmp_path / "a.jsonl").write_text('{"text": "ok"}\n{"content": "no text"}\n')
-    with pytest.raises(BadRecord, match=r"a.jsonl:2: no 'text' field"):
-        list(iter_documents(data_cfg([tmp_path / "a.jsonl"])))
+BAD = (b'{"text": "good one"}\n'
+       b'{"text": "bad \xff\xfe utf8"}\n'
+       b'not json at all\n'
+       b'{"content": "wrong field"}\n'
+       b'{"text": 42}\n'
+       b'{"text": "has a \\u0000 NUL"}\n'
+       b'{"text": "   "}\n'
+       b'{"text": "good two"}\n'
+       b'{"text": "' + b"x" * 200 + b'"}\n')
 
 
-def test_bad_records_and_empty_docs_skipped_and_counted(tmp_path):
-    (tmp_path / "a.jsonl").write_text('{"text": "ok"}\nnot json\n{"text": 3}\n{"text": "   "}\n{"text": "fine"}\n')
+def test_bad_records_fail_with_location(tmp_path):
+    (tmp_path / "bad.jsonl").write_bytes(BAD)
+    with pytest.raises(BadRecord, match=r"bad.jsonl:2: invalid UTF-8"):
+        list(iter_documents(data_cfg([tmp_path / "bad.jsonl"])))
+
+
+def test_bad_records_skipped_with_exact_counts_and_order_kept(tmp_path):
+    (tmp_path / "bad.jsonl").write_bytes(BAD)
     stats = ReadStats()
-    out = list(iter_documents(data_cfg([tmp_path / "a.jsonl"], on_bad_record="skip"), stats))
-    assert out == ["ok", "fine"]
-    assert stats.as_dict() == {"documents": 2, "skipped": {"bad_record": 2, "empty": 1}, "skipped_total": 3}
+    out = list(iter_documents(data_cfg([tmp_path / "bad.jsonl"], on_bad_record="skip", max_document_chars=100), stats))
+    assert out == ["good one", "good two"]
+    assert dict(stats.skipped) == {"invalid_utf8": 1, "bad_json": 1, "missing_field": 1, "not_string": 1,
+                                   "nul_bytes": 1, "empty": 1, "too_long": 1}
+    assert len(stats.examples["bad_json"]) == 1
+    assert stats.examples["bad_json"][0].startswith(f"{tmp_path / 'bad.jsonl'}:3: not valid JSON")
+
+
+def test_wrong_parquet_column_is_named(tmp_path):
+    pq.write_table(pa.table({"content": ["a"]}), tmp_path / "x.parquet")
+    with pytest.raises(BadRecord, match="no 'text' column \\(columns: content\\)"):
+        list(iter_documents(data_cfg([tmp_path / "x.parquet"])))
+
+
+def test_ten_megabyte_document_is_kept_whole(tmp_path):
+    big = ("All work and no play makes Jack a dull boy. " * 240_000)[:10_000_000]
+    write_jsonl(tmp_path / "big.jsonl", ["small", big, "after"])
+    assert list(iter_documents(data_cfg([tmp_path / "big.jsonl"]))) == ["small", big, "after"]
 
 
 def test_missing_source_and_unknown_format(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope"):
-        list(iter_documents(data_cfg([tmp_path / "nope*.jsonl"])))
+        expand_sources([str(tmp_path / "nope*.jsonl")])
     (tmp_path / "x.csv").write_text("a,b\n")
     with pytest.raises(ValueError, match="unsupported data source format"):
         list(iter_documents(data_cfg([tmp_path / "x.csv"])))
 
 
-def test_max_documents(tmp_path, docs):
+def test_max_records_per_source(tmp_path, docs):
     write_jsonl(tmp_path / "a.jsonl", docs)
-    assert list(iter_documents(data_cfg([tmp_path / "a.jsonl"], max_documents=3))) == docs[:3]
+    assert list(iter_documents(data_cfg([tmp_path / "a.jsonl"], max_records_per_source=3))) == docs[:3]
+
+
+def test_shard_assignment_is_a_partition():
+    files = [f"f{i}" for i in range(5)]
+    whole = [assign(files, 3, s) for s in range(3)]
+    assert sorted(i for a in whole for i, _ in a.sources) == list(range(5)) and not whole[0].record_level
+    record = [assign(files[:2], 4, s) for s in range(4)]
+    assert all(a.record_level for a in record)
+    assert sorted(r for a in record for r in range(40) if a.keep(r)) == list(range(40))

@@ -29,8 +29,8 @@ def workdir(tmp_path_factory):
 def test_dry_run_lists_every_stage(workdir):
     proc = snakemake(workdir, "-n", timeout=120)
     assert proc.returncode == 0, proc.stderr
-    for rule in ("get_data", "tokenizer", "tokenize", "token_store", "pack_hf", "init_model", "train_torch",
-                 "export_hf", "evaluate"):
+    for rule in ("get_data", "tokenizer", "tokenize", "token_store", "pack_view", "verify_data", "init_model",
+                 "train_torch", "export_hf", "evaluate"):
         assert f"rule {rule}:" in proc.stdout, rule
     assert proc.stdout.count("rule tokenize:") == 2  # one job per shard (scatter)
 
@@ -47,7 +47,8 @@ def test_embedded_default_end_to_end(workdir):
     proc = snakemake(workdir)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     run = workdir / "results" / "default"
-    for rel in ("data/raw/manifest.json", "data/tokens/manifest.json", "data/views/hf/view.json", "tokenizer",
+    for rel in ("data/sources.json", "data/tokens/manifest.json", "data/views/hf/view.json", "data/stats.json",
+                "tokenizer",
                 "checkpoints/init/config.json", "checkpoints/torch/final/model.safetensors", "hf/model.safetensors",
                 "hf/config.json", "hf/tokenizer.json", "eval.json", "train/metrics.jsonl", "logs/train_torch.log"):
         assert (run / rel).exists(), rel
@@ -70,8 +71,20 @@ def test_embedded_default_end_to_end(workdir):
     assert ev["tokens"] == int((val["labels"][:, 1:] != -100).sum())
     assert abs(ev["perplexity"] - torch.exp(torch.tensor(ev["val_loss"])).item()) < 1e-3 * ev["perplexity"]
 
+    stats = json.loads((run / "data" / "stats.json").read_text())
+    assert stats["tokens"]["val"] == stats["views"]["hf"]["conservation"]["val"]["tokens_checked"]
+    assert stats["read"]["documents"] == 400 and stats["tokenization"]["documents_retokenized"] > 0
+
     again = snakemake(workdir, "-n", timeout=120)
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
+
+    # a changed tokenizer can never reuse old tokens: everything from the tokenizer on reruns
+    (workdir / "smaller-vocab.yaml").write_text("tokenizer: {vocab_size: 2048}\n")
+    changed = snakemake(workdir, "-n", "--configfile", "smaller-vocab.yaml", timeout=120)
+    assert changed.returncode == 0, changed.stderr
+    for rule in ("tokenizer", "tokenize", "token_store", "pack_view", "train_torch"):
+        assert f"rule {rule}:" in changed.stdout, rule
+    assert "rule get_data:" not in changed.stdout
 
 
 def test_ddp_config_launches_torchrun_and_local_tokenizer_is_copied(workdir, tmp_path):

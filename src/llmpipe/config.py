@@ -45,15 +45,22 @@ ALIASES = {
     "save_step_interval": "save_interval", "eval_step_interval": "eval_interval",
     "checkpoint_freq": "save_interval", "max_grad_norm": "grad_clip", "adam_beta1": "beta1",
     "adam_beta2": "beta2", "block_size": "seq_len", "max_length": "seq_len", "seq_length": "seq_len",
+    # resources: sbatch / Slurm names
+    "mem": "mem_mb", "memory": "mem_mb", "cpus": "cpus_per_task", "cpus_per_node": "cpus_per_task",
+    "time": "runtime", "walltime": "runtime", "gpus": "gpu", "partition": "slurm_partition",
+    "account": "slurm_account", "nodes": "nnodes", "num_nodes": "nnodes",
 }
 
 
 def _subschema(schema: dict, path: list) -> dict:
+    root = schema
     for part in path:
         if isinstance(part, int):
             schema = schema.get("items", {})
         else:
             schema = schema.get("properties", {}).get(part, {})
+        if "$ref" in schema:  # only local refs: "#/$defs/<name>"
+            schema = root["$defs"][schema["$ref"].rsplit("/", 1)[-1]]
     return schema
 
 
@@ -68,6 +75,8 @@ def _describe(error: jsonschema.ValidationError, schema: dict) -> str:
             full = ".".join(path + [key])
             alias = ALIASES.get(key.lower())
             hint = [alias] if alias in known else difflib.get_close_matches(key, known, n=1)
+            if path[:1] == ["resources"] and key in ("nodes", "tasks"):
+                hint = ["train.nnodes"]  # nodes follow the launch, so they are set in one place
             parts.append(f"unknown key '{full}'" + (f" (did you mean '{hint[0]}'?)" if hint else ""))
         return "; ".join(parts) + f"; allowed here: {', '.join(known)}"
     return f"'{where}': {error.message}"

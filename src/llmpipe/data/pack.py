@@ -1,4 +1,13 @@
-"""Packing: cut a token stream into fixed-length rows under an explicit remainder policy."""
+"""Packing: cut a token stream into fixed-length rows under an explicit remainder policy.
+
+Row i (in stream order) holds stream[i*L:(i+1)*L]. The last partial row is
+  drop  -> left out (its tokens counted as dropped),
+  pad   -> filled with pad_id (attention_mask 0, label IGNORE_INDEX),
+  carry -> completed with the first tokens of the stream (wrapped; counted), so no token is lost
+           and every position is real.
+Rows can then be served in a seeded permutation; `segment_ids` number the documents inside a row
+(0, 1, ...; -1 on padding) so attention can be limited to one document.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +16,79 @@ from dataclasses import dataclass
 import numpy as np
 
 IGNORE_INDEX = -100
+POLICIES = ("drop", "pad", "carry")
+
+
+@dataclass(frozen=True)
+class Layout:
+    size: int  # stream tokens
+    row_len: int
+    remainder: str
+
+    def __post_init__(self):
+        if self.remainder not in POLICIES:
+            raise ValueError(f"unknown remainder policy {self.remainder!r} ({' | '.join(POLICIES)})")
+        if self.remainder == "carry" and 0 < self.size < self.row_len:
+            raise ValueError(f"remainder 'carry' needs at least one full row ({self.size} < {self.row_len} tokens)")
+
+    @property
+    def full(self) -> int:
+        return self.size // self.row_len
+
+    @property
+    def rest(self) -> int:
+        return self.size % self.row_len
+
+    @property
+    def rows(self) -> int:
+        return self.full + (1 if self.rest and self.remainder != "drop" else 0)
+
+    def stats(self) -> dict:
+        partial = self.rest if self.rows > self.full else 0
+        return {
+            "remainder": self.remainder, "tokens_in": self.size, "rows": self.rows,
+            "tokens_packed": self.full * self.row_len + partial,
+            "dropped_tokens": self.rest if self.remainder == "drop" else 0,
+            "padded_tokens": self.row_len - self.rest if self.remainder == "pad" and self.rest else 0,
+            "wrapped_tokens": self.row_len - self.rest if self.remainder == "carry" and self.rest else 0,
+        }
+
+    def spans(self, i: int) -> list[tuple[int, int]]:
+        """Stream ranges making row i, in order (a wrapped last row has two)."""
+        a = i * self.row_len
+        if i < self.full:
+            return [(a, a + self.row_len)]
+        if i != self.full or i >= self.rows:
+            raise IndexError(f"row {i} outside 0..{self.rows - 1}")
+        return [(a, self.size)] + ([(0, self.row_len - self.rest)] if self.remainder == "carry" else [])
+
+
+def order(rows: int, shuffle: bool, seed: int) -> np.ndarray:
+    """Row serving order: seeded permutation, or stream order."""
+    return np.random.default_rng(seed).permutation(rows) if shuffle else np.arange(rows)
+
+
+def row(read, layout: Layout, i: int, pad_id: int, doc_starts: np.ndarray | None = None):
+    """(input_ids, attention_mask, segment_ids or None) of row i; `read(a, b)` gives stream tokens."""
+    spans = layout.spans(i)
+    ids = np.concatenate([read(a, b) for a, b in spans])
+    real = ids.size
+    mask = np.ones(layout.row_len, np.int8)
+    if real < layout.row_len:
+        ids = np.concatenate([ids, np.full(layout.row_len - real, pad_id, np.int64)])
+        mask[real:] = 0
+    segs = None
+    if doc_starts is not None:
+        pos = np.concatenate([np.arange(a, b) for a, b in spans])
+        doc = np.searchsorted(doc_starts, pos, side="right") - 1
+        doc[spans[0][1] - spans[0][0]:] += doc_starts.size  # a wrapped part holds later documents
+        segs = np.full(layout.row_len, -1, np.int32)
+        segs[:real] = np.unique(doc, return_inverse=True)[1]  # 0, 1, 2, ... in row order
+    return ids, mask, segs
+
+
+def labels_of(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    return np.where(mask == 1, ids, IGNORE_INDEX)
 
 
 @dataclass
@@ -18,29 +100,10 @@ class Packed:
 
 
 def pack(stream: np.ndarray, seq_len: int, remainder: str, pad_id: int) -> Packed:
-    """Rows of exactly `seq_len` tokens from `stream`, in order.
-
-    remainder: "drop" discards the last partial row (counted in stats["dropped_tokens"]);
-    "pad" fills it with `pad_id` (attention_mask 0, label IGNORE_INDEX).
-    """
-    if remainder not in ("drop", "pad"):
-        raise ValueError(f"unknown remainder policy {remainder!r} (drop | pad)")
-    n = int(stream.size)
-    full, rest = divmod(n, seq_len)
-    rows = full + (1 if remainder == "pad" and rest else 0)
-    ids = np.full((rows, seq_len), pad_id, dtype=np.int32)
-    ids.reshape(-1)[: full * seq_len] = stream[: full * seq_len]
-    mask = np.zeros((rows, seq_len), dtype=np.int8)
-    mask.reshape(-1)[: full * seq_len] = 1
-    if rows > full:
-        ids[full, :rest] = stream[full * seq_len :]
-        mask[full, :rest] = 1
-    labels = np.where(mask == 1, ids, IGNORE_INDEX).astype(np.int32)
-    stats = {
-        "tokens_in": n,
-        "rows": rows,
-        "tokens_packed": int(mask.sum()),
-        "dropped_tokens": rest if remainder == "drop" else 0,
-        "padded_tokens": (seq_len - rest) if rows > full else 0,
-    }
-    return Packed(ids, mask, labels, stats)
+    """All rows of an in-memory stream, in stream order."""
+    layout = Layout(int(stream.size), seq_len, remainder)
+    stream = np.asarray(stream, dtype=np.int64)
+    rows = [row(lambda a, b: stream[a:b], layout, i, pad_id) for i in range(layout.rows)]
+    ids = np.stack([r[0] for r in rows]) if rows else np.zeros((0, seq_len), np.int64)
+    mask = np.stack([r[1] for r in rows]) if rows else np.zeros((0, seq_len), np.int8)
+    return Packed(ids, mask, labels_of(ids, mask), layout.stats())

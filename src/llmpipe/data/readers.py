@@ -1,148 +1,209 @@
-"""Read documents from local files (JSONL[.gz|.zst], Parquet, text) or a Hugging Face dataset."""
+"""Read documents from one source: a local path or fsspec URL (JSONL[.gz|.zst], Parquet, text) or a
+Hugging Face dataset ("hf:<id or local folder>"), under an explicit bad-record policy."""
 
 from __future__ import annotations
 
-import glob
-import gzip
+import contextlib
 import io
-import json
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Iterator
+
+import fsspec
+import orjson
 
 log = logging.getLogger(__name__)
 
 HF_PREFIX = "hf:"
+SHOW_LOCATIONS = 5  # offending locations logged per reason under on_bad_record: skip
+JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
+TEXT_SUFFIXES = (".txt",)
 
 
 class BadRecord(ValueError):
-    """A record has no usable text."""
+    """A record without usable text; `reason` is the counted category."""
+
+    def __init__(self, reason: str, where: str, detail: str):
+        super().__init__(f"{where}: {detail}")
+        self.reason, self.where = reason, where
 
 
 @dataclass
 class ReadStats:
     documents: int = 0
+    bytes: int = 0  # UTF-8 bytes of the documents kept
     skipped: Counter = field(default_factory=Counter)  # reason -> count
+    examples: dict = field(default_factory=dict)  # reason -> first few locations
+
+    def skip(self, err: BadRecord) -> None:
+        self.skipped[err.reason] += 1
+        shown = self.examples.setdefault(err.reason, [])
+        if len(shown) < SHOW_LOCATIONS:
+            shown.append(str(err))
+            log.warning("skipped (%s) %s", err.reason, err)
 
     def as_dict(self) -> dict:
-        return {"documents": self.documents, "skipped": dict(self.skipped), "skipped_total": sum(self.skipped.values())}
+        return {"documents": self.documents, "bytes": self.bytes, "skipped": dict(self.skipped),
+                "skipped_total": sum(self.skipped.values()), "skipped_examples": self.examples}
+
+    def add(self, other: dict) -> None:
+        self.documents += other["documents"]
+        self.bytes += other["bytes"]
+        self.skipped.update(other["skipped"])
+        for reason, shown in other["skipped_examples"].items():
+            self.examples.setdefault(reason, []).extend(shown[: SHOW_LOCATIONS - len(self.examples.get(reason, []))])
 
 
-def expand_sources(sources: list[str]) -> list[str]:
-    """Expand globs (sorted, deterministic); HF ids pass through. A pattern matching nothing is an error."""
-    out: list[str] = []
-    for src in sources:
-        if src.startswith(HF_PREFIX):
-            out.append(src)
-            continue
-        matches = sorted(glob.glob(src)) if glob.has_magic(src) else ([src] if Path(src).exists() else [])
-        if not matches:
-            raise FileNotFoundError(f"data source not found: {src}")
-        out.extend(matches)
-    return out
+def _compression(url: str) -> str | None:
+    return {"gz": "gzip", "zst": "zstd", "bz2": "bz2", "xz": "xz"}.get(url.rsplit(".", 1)[-1].lower())
 
 
-def _open_text(path: str):
-    if path.endswith(".gz"):
-        return gzip.open(path, "rt", encoding="utf-8")
-    if path.endswith(".zst"):
-        import zstandard
-
-        return io.TextIOWrapper(zstandard.ZstdDecompressor().stream_reader(open(path, "rb")), encoding="utf-8")
-    return open(path, encoding="utf-8")
+def _base_name(url: str) -> str:
+    name = url.lower()
+    return name.rsplit(".", 1)[0] if _compression(url) else name
 
 
-def _records_jsonl(path: str, text_field: str) -> Iterator[tuple[str, object]]:
-    with _open_text(path) as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
+@contextlib.contextmanager
+def _open_binary(url: str) -> Iterator:
+    """A line-iterable binary stream of `url`, decompressed by its suffix."""
+    comp = _compression(url)
+    if comp != "zstd":
+        with fsspec.open(url, "rb", compression=comp) as fh:
+            yield fh
+        return
+    import zstandard
+
+    with fsspec.open(url, "rb") as raw:
+        yield io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw))
+
+
+def _jsonl(url: str, text_field: str) -> Iterator[tuple[str, object]]:
+    with _open_binary(url) as fh:
+        for lineno, raw in enumerate(fh, 1):
+            where = f"{url}:{lineno}"
+            if not raw.strip():
                 continue
-            where = f"{path}:{lineno}"
             try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                yield where, BadRecord(f"{where}: not valid JSON ({exc.msg})")
+                record = orjson.loads(raw)  # validates UTF-8 too
+            except orjson.JSONDecodeError as exc:
+                try:
+                    raw.decode("utf-8")
+                except UnicodeDecodeError as uexc:
+                    yield where, BadRecord("invalid_utf8", where, f"invalid UTF-8 at byte {uexc.start}")
+                    continue
+                yield where, BadRecord("bad_json", where, f"not valid JSON ({exc.msg})")
                 continue
             if not isinstance(record, dict) or text_field not in record:
-                yield where, BadRecord(f"{where}: no '{text_field}' field")
+                yield where, BadRecord("missing_field", where, f"no '{text_field}' field")
                 continue
             yield where, record[text_field]
 
 
-def _records_parquet(path: str, text_field: str) -> Iterator[tuple[str, object]]:
+def _parquet(url: str, text_field: str) -> Iterator[tuple[str, object]]:
     import pyarrow.parquet as pq
 
-    pf = pq.ParquetFile(path)
-    if text_field not in pf.schema_arrow.names:
-        raise BadRecord(f"{path}: no '{text_field}' column (columns: {', '.join(pf.schema_arrow.names)})")
-    row = 0
-    for batch in pf.iter_batches(columns=[text_field], batch_size=4096):
-        for value in batch.column(0).to_pylist():
-            yield f"{path}:row {row}", value
-            row += 1
+    with fsspec.open(url, "rb") as fh:
+        pf = pq.ParquetFile(fh)
+        if text_field not in pf.schema_arrow.names:
+            raise BadRecord("missing_field", url, f"no '{text_field}' column (columns: {', '.join(pf.schema_arrow.names)})")
+        row = 0
+        for batch in pf.iter_batches(columns=[text_field], batch_size=256):
+            for value in batch.column(0).to_pylist():
+                yield f"{url}:row {row}", value
+                row += 1
 
 
-def _records_text(path: str, mode: str) -> Iterator[tuple[str, object]]:
-    with _open_text(path) as fh:
-        text = fh.read()
-    if mode == "file":
-        yield path, text
+def _text(url: str, mode: str) -> Iterator[tuple[str, object]]:
+    with _open_binary(url) as fh:
+        raw = fh.read()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        yield url, BadRecord("invalid_utf8", url, f"invalid UTF-8 at byte {exc.start}")
         return
-    for i, para in enumerate(p for p in text.split("\n\n")):
+    if mode == "file":
+        yield url, text
+        return
+    for i, para in enumerate(text.split("\n\n")):
         if para.strip():
-            yield f"{path}:paragraph {i}", para
+            yield f"{url}:paragraph {i}", para
 
 
-def _records_hf(spec: str, cfg: dict) -> Iterator[tuple[str, object]]:
+def _hf(spec: str, cfg: dict) -> Iterator[tuple[str, object]]:
     import datasets
 
-    ds = datasets.load_dataset(
-        spec[len(HF_PREFIX):],
-        cfg["hf_config"],
-        split=cfg["hf_split"],
-        revision=cfg["hf_revision"],
-        streaming=cfg["streaming"],
-    )
+    ds = datasets.load_dataset(spec[len(HF_PREFIX):], cfg["hf_config"], split=cfg["hf_split"],
+                               revision=cfg["hf_revision"], streaming=cfg["streaming"])
     for i, record in enumerate(ds):
         where = f"{spec}[{i}]"
         if cfg["text_field"] not in record:
-            yield where, BadRecord(f"{where}: no '{cfg['text_field']}' field")
+            yield where, BadRecord("missing_field", where, f"no '{cfg['text_field']}' field")
         else:
             yield where, record[cfg["text_field"]]
 
 
-def _records(source: str, cfg: dict) -> Iterator[tuple[str, object]]:
-    name = source.lower()
+def records(source: str, cfg: dict) -> Iterator[tuple[str, object]]:
+    """(location, text or BadRecord) for every record of one source, in order."""
     if source.startswith(HF_PREFIX):
-        return _records_hf(source, cfg)
-    if name.endswith((".jsonl", ".jsonl.gz", ".jsonl.zst", ".json", ".json.gz", ".json.zst")):
-        return _records_jsonl(source, cfg["text_field"])
+        return _hf(source, cfg)
+    name = _base_name(source)
+    if name.endswith(JSONL_SUFFIXES):
+        return _jsonl(source, cfg["text_field"])
     if name.endswith(".parquet"):
-        return _records_parquet(source, cfg["text_field"])
-    if name.endswith((".txt", ".txt.gz", ".txt.zst")):
-        return _records_text(source, cfg["text_mode"])
-    raise ValueError(f"unsupported data source format: {source} (expected .jsonl[.gz|.zst], .parquet, .txt or hf:<id>)")
+        return _parquet(source, cfg["text_field"])
+    if name.endswith(TEXT_SUFFIXES):
+        return _text(source, cfg["text_mode"])
+    raise ValueError(f"unsupported data source format: {source} "
+                     "(expected .jsonl/.json[.gz|.zst], .parquet, .txt[.gz|.zst] or hf:<id>)")
+
+
+def check(where: str, value: object, cfg: dict) -> str | BadRecord:
+    """The document text, or why it is not usable."""
+    if isinstance(value, BadRecord):
+        return value
+    if not isinstance(value, str):
+        return BadRecord("not_string", where, f"text is {type(value).__name__}, not a string")
+    if "\x00" in value:
+        return BadRecord("nul_bytes", where, "text contains NUL bytes")
+    if not value.strip():
+        return BadRecord("empty", where, "empty document")
+    limit = cfg["max_document_chars"]
+    if limit is not None and len(value) > limit:
+        return BadRecord("too_long", where, f"document of {len(value)} characters exceeds data.max_document_chars {limit}")
+    return value
+
+
+def documents(source: str, cfg: dict, stats: ReadStats, keep=lambda index: True) -> Iterator[tuple[int, str]]:
+    """(record index, text) of the usable documents of `source` whose index `keep` accepts.
+
+    Bad records stop the run (on_bad_record: fail) or are counted by reason (skip); empty
+    documents are always counted and skipped. Record indices count every record, so they
+    do not move when the policy changes.
+    """
+    limit = cfg["max_records_per_source"]
+    for index, (where, value) in enumerate(records(source, cfg)):
+        if limit is not None and index >= limit:
+            return
+        if not keep(index):
+            continue
+        result = check(where, value, cfg)
+        if isinstance(result, BadRecord):
+            if cfg["on_bad_record"] == "fail" and result.reason != "empty":
+                raise result
+            stats.skip(result)
+            continue
+        stats.documents += 1
+        stats.bytes += len(result.encode("utf-8", "surrogatepass"))
+        yield index, result
 
 
 def iter_documents(cfg: dict, stats: ReadStats | None = None) -> Iterator[str]:
-    """Yield document texts in a deterministic order, applying the bad-record policy of `cfg` (data section)."""
+    """Every usable document of every source (data section `cfg`), in order."""
+    from llmpipe.data.sources import expand_sources
+
     stats = stats if stats is not None else ReadStats()
-    limit = cfg["max_documents"]
     for source in expand_sources(cfg["sources"]):
-        for where, value in _records(source, cfg):
-            if limit is not None and stats.documents >= limit:
-                return
-            if isinstance(value, BadRecord) or not isinstance(value, str):
-                err = value if isinstance(value, BadRecord) else BadRecord(f"{where}: text is {type(value).__name__}, not a string")
-                if cfg["on_bad_record"] == "error":
-                    raise err
-                stats.skipped["bad_record"] += 1
-                log.warning("skipped %s", err)
-                continue
-            if not value.strip():
-                stats.skipped["empty"] += 1
-                continue
-            stats.documents += 1
-            yield value
+        for _, text in documents(source, cfg, stats):
+            yield text
+

@@ -1,8 +1,8 @@
 """Token store (gather): the canonical tokens, written once by the tokenize shards, indexed by manifest.json.
 
-Layout of <store>/: shard-XXXXX.safetensors (per split: `<split>.tokens` flat ids with EOS after every
-document, `<split>.offsets` document boundaries, `<split>.doc_ids`) + manifest.json (shard order,
-counts, tokenizer fingerprint). Every backend view is built from this store.
+Layout of <store>/: shard-XXXXX.safetensors (see tokenize.py) + manifest.json (shard order, counts,
+read stats, tokenizer fingerprint, the sources key, a content fingerprint). Every view is built from
+this store through `TokenStore.split(name)`, a random-access view of one split's token stream.
 """
 
 from __future__ import annotations
@@ -17,50 +17,85 @@ from typing import Iterator
 import numpy as np
 from safetensors import safe_open
 
+from llmpipe.data.readers import ReadStats
 from llmpipe.io import write_json
 
 log = logging.getLogger(__name__)
 
 FORMAT = "llmpipe-token-store/1"
+SPLITS = ("train", "val")
 
 
-def _shard_meta(path: Path) -> dict:
-    with safe_open(str(path), framework="numpy") as f:
-        return f.metadata()
-
-
-def build_manifest(shards: list[str | Path], out: str | Path) -> dict:
-    shards = [Path(s) for s in shards]
-    out = Path(out)
-    entries, tokenizer, totals = [], None, {"train": {"documents": 0, "tokens": 0}, "val": {"documents": 0, "tokens": 0}}
-    digest = hashlib.sha256()
+def build_manifest(shards: list[str | Path], out: str | Path, sources_key: str | None = None) -> dict:
+    shards, out = [Path(s) for s in shards], Path(out)
+    entries, tokenizer = [], None
+    totals = {s: {"documents": 0, "tokens": 0} for s in SPLITS}
+    read = ReadStats()
+    digest = hashlib.sha256((sources_key or "").encode())
     for path in shards:
         if path.parent.resolve() != out.parent.resolve():
             raise ValueError(f"token shard {path} is not inside the store folder {out.parent}")
-        meta = _shard_meta(path)
+        with safe_open(str(path), framework="numpy") as f:
+            meta = f.metadata()
         tok = {k: meta[k] for k in ("tokenizer_sha256", "eos_id", "bos_id", "vocab_size")}
         if tokenizer is None:
             tokenizer = tok
         elif tok != tokenizer:
             raise ValueError(f"token shard {path} was made with a different tokenizer setup ({tok} vs {tokenizer})")
         counts = json.loads(meta["counts"])
-        for split, c in counts.items():
+        for split in SPLITS:
             for k in ("documents", "tokens"):
-                totals[split][k] += c[k]
-        entries.append({"file": path.name, "counts": counts})
-        digest.update(path.name.encode())
-        digest.update(hashlib.sha256(path.read_bytes()).digest())
+                totals[split][k] += counts[split][k]
+        read.add(json.loads(meta["read"]))
+        entries.append({"file": path.name, "counts": counts, "encoder": meta["encoder"],
+                        "sha256": {s: meta[f"sha256.{s}"] for s in SPLITS}})
+        digest.update(json.dumps(entries[-1], sort_keys=True).encode())
     manifest = {
         "format": FORMAT,
         "tokenizer": {"sha256": tokenizer["tokenizer_sha256"], "eos_id": int(tokenizer["eos_id"]),
                       "bos_id": int(tokenizer["bos_id"]), "vocab_size": int(tokenizer["vocab_size"])},
+        "sources_key": sources_key,
         "shards": entries,
         "totals": totals,
+        "read": read.as_dict(),
         "fingerprint": digest.hexdigest(),
     }
     write_json(out, manifest)
-    log.info("token store %s: %s", out.parent, totals)
+    log.info("token store %s: %s; read %s", out.parent, totals, manifest["read"])
     return manifest
+
+
+class SplitStream:
+    """One split's token stream: every shard's tokens, in manifest order, as one random-access array."""
+
+    def __init__(self, root: Path, files: list[str], split: str):
+        self.split = split
+        self._files = [safe_open(str(root / f), framework="numpy") for f in files]
+        self._slices = [f.get_slice(f"{split}.tokens") for f in self._files]
+        sizes = [s.get_shape()[0] for s in self._slices]
+        self.starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self.size = int(self.starts[-1])
+
+    def read(self, a: int, b: int) -> np.ndarray:
+        """Tokens [a, b) as int64."""
+        if not 0 <= a <= b <= self.size:
+            raise IndexError(f"[{a}, {b}) outside the {self.split} stream of {self.size} tokens")
+        parts, i = [], int(np.searchsorted(self.starts, a, side="right") - 1)
+        while a < b:
+            lo, hi = a - self.starts[i], min(b, self.starts[i + 1]) - self.starts[i]
+            parts.append(self._slices[i][int(lo):int(hi)].astype(np.int64))
+            a = int(self.starts[i] + hi)
+            i += 1
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+    def chunks(self, size: int = 1 << 22) -> Iterator[np.ndarray]:
+        for a in range(0, self.size, size):
+            yield self.read(a, min(a + size, self.size))
+
+    def doc_starts(self) -> np.ndarray:
+        """Stream positions where each document begins (all shards)."""
+        parts = [f.get_tensor(f"{self.split}.offsets")[:-1] + base for f, base in zip(self._files, self.starts)]
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
 class TokenStore:
@@ -77,21 +112,20 @@ class TokenStore:
     def eos_id(self) -> int:
         return self.manifest["tokenizer"]["eos_id"]
 
-    def shard_arrays(self, split: str) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """(tokens, offsets) of every shard, in manifest order."""
-        for entry in self.manifest["shards"]:
-            with safe_open(str(self.root / entry["file"]), framework="numpy") as f:
-                yield f.get_tensor(f"{split}.tokens"), f.get_tensor(f"{split}.offsets")
+    def split(self, name: str) -> SplitStream:
+        return SplitStream(self.root, [e["file"] for e in self.manifest["shards"]], name)
 
     def tokens(self, split: str) -> np.ndarray:
-        """The split's whole token stream (documents + EOS, in store order)."""
-        arrays = [t for t, _ in self.shard_arrays(split)]
-        return np.concatenate(arrays) if arrays else np.zeros(0, np.uint32)
+        """The whole split in memory (tests and small data only)."""
+        s = self.split(split)
+        return s.read(0, s.size)
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="llmpipe token-store", description=__doc__)
     p.add_argument("--shards", nargs="+", required=True, help="token shards, in order")
+    p.add_argument("--sources", help="sources.json (its key goes into the fingerprint)")
     p.add_argument("--out", required=True, help="manifest.json to write (beside the shards)")
     args = p.parse_args(argv)
-    build_manifest(args.shards, args.out)
+    key = json.loads(Path(args.sources).read_text())["key"] if args.sources else None
+    build_manifest(args.shards, args.out, key)

@@ -1,23 +1,33 @@
-"""tokenize (scatter): one raw shard -> one token-store shard (safetensors: ids, doc offsets, doc ids)."""
+"""tokenize (scatter): one shard of the sources -> one token-store shard, streaming.
+
+Output: a safetensors file holding, per split, `<split>.tokens` (every document's ids, BOS first
+when the policy says so, EOS last), `<split>.offsets` (document boundaries) and `<split>.doc_ids`
+(source index << 40 | record index); metadata: tokenizer fingerprint, counts, read stats, sha256.
+Memory stays flat: tokens go to temporary files as they are made.
+"""
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
+from array import array
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
-from safetensors.numpy import save_file
 
 from llmpipe import config as cfgmod
-from llmpipe.data.tokenizer import load_tokenizer, tokenizer_info
+from llmpipe.data import stfile
+from llmpipe.data.readers import ReadStats, documents
+from llmpipe.data.sources import assign, doc_id, is_validation
+from llmpipe.data.tokenizer import make_encoder, tokenizer_info
 from llmpipe.io import atomic_path
 
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "val")
+BATCH_DOCS, BATCH_CHARS, SAMPLE_DOCS = 1024, 8 << 20, 64
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -28,50 +38,99 @@ def use_bos(policy: str, adds_bos: bool) -> bool:
     return policy == "always" or (policy == "auto" and adds_bos)
 
 
-def tokenize_shard(shard: str | Path, tokenizer_dir: str | Path, out: str | Path, add_bos: str = "auto") -> dict:
-    tok = load_tokenizer(tokenizer_dir)
-    info = tokenizer_info(tokenizer_dir, tok)
-    bos = use_bos(add_bos, info.adds_bos)
+class _SplitWriter:
+    def __init__(self, path: Path, dtype: np.dtype):
+        self.path, self.dtype = path, dtype
+        self.fh = open(path, "wb")
+        self.offsets, self.doc_ids = array("q", [0]), array("q")
+        self.sha = hashlib.sha256()
+
+    def add(self, ids: list[int], did: int) -> None:
+        data = np.array(ids, dtype=self.dtype).tobytes()  # numpy dtypes here are little-endian on x86/arm
+        self.fh.write(data)
+        self.sha.update(data)
+        self.offsets.append(self.offsets[-1] + len(ids))
+        self.doc_ids.append(did)
+
+    def counts(self) -> dict:
+        return {"documents": len(self.doc_ids), "tokens": self.offsets[-1]}
+
+
+def tokenize_shard(cfg: dict, sources: list[str], shard: int, tokenizer_dir: str | Path, out: str | Path,
+                   threads: int = 1) -> dict:
+    d = cfg["data"]
+    plan = assign(sources, d["num_shards"], shard)
+    info = tokenizer_info(tokenizer_dir)
+    bos = use_bos(d["add_bos"], info.adds_bos)
     if bos and info.bos_id is None:
         raise ValueError(f"data.add_bos is 'always' but tokenizer {tokenizer_dir} has no bos_token")
     dtype = token_dtype(info.vocab_size)
-    backend = tok.backend_tokenizer
-    prefix = [info.bos_id] if bos else []
-    parts = {s: {"tokens": [], "lengths": [], "doc_ids": []} for s in SPLITS}
-    for batch in pq.ParquetFile(shard).iter_batches(batch_size=1024):
-        rows = batch.to_pydict()
-        encodings = backend.encode_batch(rows["text"], add_special_tokens=False)
-        for doc_id, split, enc in zip(rows["doc_id"], rows["split"], encodings):
-            ids = prefix + enc.ids + [info.eos_id]
-            part = parts[split]
-            part["tokens"].append(np.asarray(ids, dtype=dtype))
-            part["lengths"].append(len(ids))
-            part["doc_ids"].append(doc_id)
-    tensors, counts = {}, {}
-    for split, part in parts.items():
-        lengths = np.asarray(part["lengths"], dtype=np.int64)
-        tensors[f"{split}.tokens"] = np.concatenate(part["tokens"]) if part["tokens"] else np.zeros(0, dtype)
-        tensors[f"{split}.offsets"] = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        tensors[f"{split}.doc_ids"] = np.asarray(part["doc_ids"], dtype=np.int64)
-        counts[split] = {"documents": int(lengths.size), "tokens": int(lengths.sum())}
-    meta = {
-        "tokenizer_sha256": info.sha256,
-        "eos_id": str(info.eos_id),
-        "bos_id": str(info.bos_id if bos else -1),
-        "vocab_size": str(info.vocab_size),
-        "counts": json.dumps(counts),
-    }
+    prefix, eos = ([info.bos_id] if bos else []), [info.eos_id]
+    stats = ReadStats()
+    out = Path(out)
+
+    def docs():
+        for s_idx, source in plan.sources:
+            for r_idx, text in documents(source, d, stats, plan.keep):
+                yield doc_id(s_idx, r_idx), is_validation(s_idx, r_idx, d["val_fraction"], d["split_seed"]), text
+
     with atomic_path(out) as tmp:
-        save_file(tensors, str(tmp), metadata=meta)
-    log.info("%s: %s (bos=%s, dtype=%s)", shard, counts, bos, dtype)
+        writers = {s: _SplitWriter(tmp.with_name(tmp.name + f".{s}.bin"), dtype) for s in SPLITS}
+        encoder = None
+        try:
+            batch, chars = [], 0
+
+            def flush():
+                nonlocal encoder
+                if encoder is None:
+                    encoder = make_encoder(tokenizer_dir, cfg["tokenizer"]["backend"],
+                                           [t for _, _, t in batch[:SAMPLE_DOCS]], threads)
+                for (did, val, _), ids in zip(batch, encoder.encode_batch([t for _, _, t in batch])):
+                    writers["val" if val else "train"].add(prefix + ids + eos, did)
+                batch.clear()
+
+            for item in docs():
+                batch.append(item)
+                chars += len(item[2])
+                if len(batch) >= BATCH_DOCS or chars >= BATCH_CHARS:
+                    flush()
+                    chars = 0
+            if batch:
+                flush()
+            for w in writers.values():
+                w.fh.close()
+            counts = {s: w.counts() for s, w in writers.items()}
+            meta = {
+                "tokenizer_sha256": info.sha256, "eos_id": str(info.eos_id), "bos_id": str(info.bos_id if bos else -1),
+                "vocab_size": str(info.vocab_size), "counts": json.dumps(counts), "read": json.dumps(stats.as_dict()),
+                "encoder": encoder.name if encoder else "none", "shard": f"{shard}/{d['num_shards']}",
+                **{f"sha256.{s}": w.sha.hexdigest() for s, w in writers.items()},
+            }
+            tensors = {}
+            for s, w in writers.items():
+                tensors[f"{s}.tokens"] = (dtype, w.path)
+                tensors[f"{s}.offsets"] = (np.int64, np.frombuffer(w.offsets, dtype=np.int64))
+                tensors[f"{s}.doc_ids"] = (np.int64, np.frombuffer(w.doc_ids, dtype=np.int64))
+            stfile.write(tmp, tensors, meta)
+        finally:
+            for w in writers.values():
+                w.fh.close()
+                w.path.unlink(missing_ok=True)
+    log.info("shard %d/%d: %s, read %s, encoder %s, bos %s", shard, d["num_shards"], counts, stats.as_dict(),
+             meta["encoder"], bos)
     return counts
 
 
 def main(argv: list[str] | None = None) -> None:
+    from llmpipe.data.get_data import load_sources
+
     p = argparse.ArgumentParser(prog="llmpipe tokenize", description=__doc__)
     p.add_argument("--config", required=True)
-    p.add_argument("--shard", required=True, help="raw Parquet shard from get-data")
+    p.add_argument("--sources", required=True, help="sources.json from get-data")
+    p.add_argument("--shard", required=True, type=int, help="shard index (0-based)")
     p.add_argument("--tokenizer", required=True, help="HF tokenizer folder")
     p.add_argument("--out", required=True, help="token shard (.safetensors)")
+    p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
-    tokenize_shard(args.shard, args.tokenizer, args.out, cfgmod.load(args.config)["data"]["add_bos"])
+    tokenize_shard(cfgmod.load(args.config), load_sources(args.sources), args.shard, args.tokenizer, args.out,
+                   args.threads)

@@ -1,16 +1,18 @@
-"""Tokenizer stage: train a small byte-level BPE, or copy a local HF tokenizer folder; load it."""
+"""Tokenizer stage (train a byte-level BPE, or copy a local HF tokenizer folder) and the encoders
+the data stages use: the HF tokenizer itself, or tiktoken when it gives exactly the same ids."""
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import logging
+import re
 import shutil
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Iterator
-
-import pyarrow.parquet as pq
 
 from llmpipe import config as cfgmod
 from llmpipe.io import atomic_path
@@ -19,6 +21,17 @@ log = logging.getLogger(__name__)
 
 EOS = "<|endoftext|>"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "LICENSE")
+GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+# Strings that exercise the pre-tokenizer's corners, added to every equality check.
+PROBES = [
+    "Hello world", "  leading and trailing  ", "tabs\tand\nnew\n\nlines\r\n", "don't we'll they've I'M",
+    "numbers 1234567 3.14159 1,000,000", "ünïcödé café naïve 日本語のテキスト 😀👍🏽", "a  b   c    d\n\n\n",
+    "punctuation!!! ??? ... ---", "MiXeD CaSe and_snake_case and camelCase", "x" * 300, " " * 50 + "end",
+]
+
+
+def _special(value) -> str | None:
+    return value.get("content") if isinstance(value, dict) else value
 
 
 @dataclass(frozen=True)
@@ -28,33 +41,181 @@ class TokenizerInfo:
     eos_id: int
     bos_id: int | None
     adds_bos: bool  # the tokenizer prepends BOS itself when encoding with special tokens
-    vocab_size: int  # len(tokenizer), special tokens included
+    vocab_size: int  # special tokens included
     sha256: str  # of tokenizer.json: the token store refuses to mix tokenizers
 
 
-def _train_texts(shards: list[Path]) -> Iterator[list[str]]:
-    for shard in shards:
-        for batch in pq.ParquetFile(shard).iter_batches(columns=["split", "text"], batch_size=1024):
-            rows = batch.to_pydict()
-            yield [t for s, t in zip(rows["split"], rows["text"]) if s == "train"]
+def load_backend(path: str | Path):
+    from tokenizers import Tokenizer
+
+    file = Path(path) / "tokenizer.json"
+    if not file.is_file():
+        raise FileNotFoundError(f"{path}: no tokenizer.json (a local HF tokenizer folder is needed)")
+    return Tokenizer.from_file(str(file))
 
 
-def train_tokenizer(shards: list[Path], out_dir: str | Path, vocab_size: int, min_frequency: int) -> None:
-    """Byte-level BPE (GPT-2 style pre-tokenizer) trained on the train split only."""
+def tokenizer_info(path: str | Path) -> TokenizerInfo:
+    path = Path(path)
+    tok = load_backend(path)
+    conf_file = path / "tokenizer_config.json"
+    conf = json.loads(conf_file.read_text()) if conf_file.is_file() else {}
+    eos, bos = _special(conf.get("eos_token")), _special(conf.get("bos_token"))
+    eos_id = tok.token_to_id(eos) if eos else None
+    if eos_id is None:
+        raise ValueError(f"tokenizer {path} has no eos_token in tokenizer_config.json: one is needed to separate documents")
+    bos_id = tok.token_to_id(bos) if bos else None
+    probe = tok.encode("a", add_special_tokens=True).ids
+    adds_bos = bos_id is not None and bos_id != eos_id and probe[:1] == [bos_id]
+    sha = hashlib.sha256((path / "tokenizer.json").read_bytes()).hexdigest()
+    return TokenizerInfo(eos_id, bos_id, adds_bos, tok.get_vocab_size(with_added_tokens=True), sha)
+
+
+def load_tokenizer(path: str | Path):
+    """The transformers tokenizer (for export and model init)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
+
+
+# ---------------------------------------------------------------- encoders
+
+
+class HFEncoder:
+    name = "hf"
+
+    def __init__(self, path: str | Path, threads: int):
+        import os
+
+        os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
+        self.tok = load_backend(path)
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self.tok.encode_batch_fast(texts, add_special_tokens=False)]
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte <-> printable character table used by byte-level BPE vocabularies."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+def _pattern(pre: dict | None) -> str | None:
+    """The split regex tiktoken needs, if the pre-tokenizer is plain byte-level (GPT-2 / Llama-3 style)."""
+    if not pre:
+        return None
+    if pre["type"] == "ByteLevel" and pre.get("use_regex", True) and not pre.get("add_prefix_space"):
+        return GPT2_PATTERN
+    if pre["type"] == "Sequence" and len(pre["pretokenizers"]) == 2:
+        split, byte = pre["pretokenizers"]
+        if (split["type"] == "Split" and "Regex" in split["pattern"] and split.get("behavior") == "Isolated"
+                and not split.get("invert") and byte["type"] == "ByteLevel" and not byte.get("use_regex", True)
+                and not byte.get("add_prefix_space")):
+            return split["pattern"]["Regex"]
+    return None
+
+
+class TiktokenEncoder:
+    """tiktoken over the same BPE ranks; documents holding a special token's text go through HF."""
+
+    name = "tiktoken"
+
+    def __init__(self, path: str | Path, threads: int, hf: HFEncoder | None = None):
+        import tiktoken
+
+        spec = json.loads((Path(path) / "tokenizer.json").read_text())
+        model = spec["model"]
+        if model.get("type") != "BPE" or spec.get("normalizer") or model.get("byte_fallback"):
+            raise ValueError("not a plain byte-level BPE (normalizer or byte fallback present)")
+        pattern = _pattern(spec.get("pre_tokenizer"))
+        if pattern is None:
+            raise ValueError("pre-tokenizer is not GPT-2/Llama-3 style byte-level")
+        decode = {c: b for b, c in _bytes_to_unicode().items()}
+        special = {t["id"] for t in spec.get("added_tokens", [])}
+        ranks = {}
+        for token, rank in model["vocab"].items():
+            if rank in special:
+                continue
+            try:
+                ranks[bytes(decode[c] for c in token)] = rank
+            except KeyError:
+                raise ValueError(f"vocabulary entry {token!r} is not byte-level") from None
+        self.enc = tiktoken.Encoding("llmpipe", pat_str=pattern, mergeable_ranks=ranks, special_tokens={})
+        self.threads = threads
+        contents = [t["content"] for t in spec.get("added_tokens", [])]
+        self.special_re = re.compile("|".join(map(re.escape, contents))) if contents else None
+        self.hf = hf or HFEncoder(path, threads)
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        out = self.enc.encode_ordinary_batch(texts, num_threads=self.threads)
+        if self.special_re:
+            for i, text in enumerate(texts):
+                if self.special_re.search(text):  # HF matches added tokens inside text; tiktoken would not
+                    out[i] = self.hf.encode_batch([text])[0]
+        return out
+
+
+def make_encoder(path: str | Path, backend: str, sample: list[str], threads: int = 1):
+    """The fastest encoder that gives exactly the HF tokenizer's ids on `sample` + PROBES."""
+    hf = HFEncoder(path, threads)
+    if backend == "hf":
+        return hf
+    try:
+        fast = TiktokenEncoder(path, threads, hf)
+    except (ValueError, KeyError) as exc:
+        if backend == "tiktoken":
+            raise ValueError(f"tokenizer.backend is 'tiktoken' but {path} cannot use it: {exc}") from None
+        log.warning("tiktoken backend not usable (%s): using the HF tokenizer", exc)
+        return hf
+    check = sample + PROBES
+    want, got = hf.encode_batch(check), fast.encode_batch(check)
+    bad = [i for i, (a, b) in enumerate(zip(want, got)) if a != b]
+    if bad:
+        msg = f"tiktoken ids differ from the HF tokenizer on {len(bad)} of {len(check)} sample texts"
+        if backend == "tiktoken":
+            raise ValueError(msg)
+        log.warning("%s: falling back to the HF tokenizer", msg)
+        return hf
+    log.info("tiktoken backend: ids equal to the HF tokenizer on %d sample texts", len(check))
+    return fast
+
+
+# ---------------------------------------------------------------- tokenizer stage
+
+
+def _train_texts(data_cfg: dict, sources: list[str], limit: int) -> Iterator[str]:
+    from llmpipe.data.readers import ReadStats, documents
+    from llmpipe.data.sources import is_validation
+
+    stats = ReadStats()
+
+    def gen():
+        for s_idx, source in enumerate(sources):
+            for r_idx, text in documents(source, data_cfg, stats):
+                if not is_validation(s_idx, r_idx, data_cfg["val_fraction"], data_cfg["split_seed"]):
+                    yield text
+
+    return islice(gen(), limit)
+
+
+def train_tokenizer(data_cfg: dict, sources: list[str], out_dir: str | Path, vocab_size: int, min_frequency: int,
+                    max_documents: int) -> None:
+    """Byte-level BPE (GPT-2 pre-tokenizer) trained on train-split documents only."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        min_frequency=min_frequency,
-        special_tokens=[EOS],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(_train_texts(shards), trainer=trainer)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=[EOS],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(_train_texts(data_cfg, sources, max_documents), trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, bos_token=EOS, unk_token=None)
     with atomic_path(out_dir) as tmp:
         fast.save_pretrained(str(tmp))
@@ -63,42 +224,30 @@ def train_tokenizer(shards: list[Path], out_dir: str | Path, vocab_size: int, mi
 
 def copy_tokenizer(src: str | Path, out_dir: str | Path) -> None:
     src = Path(src)
-    if not (src / "tokenizer.json").is_file():
-        raise FileNotFoundError(f"tokenizer.source {src} has no tokenizer.json (a local HF tokenizer folder is needed)")
+    load_backend(src)
     with atomic_path(out_dir) as tmp:
         tmp.mkdir()
         for name in TOKENIZER_FILES:
             if (src / name).is_file():
                 shutil.copy2(src / name, tmp / name)
-    load_tokenizer(out_dir)  # fail here, not in a later job, if transformers cannot load it
-
-
-def load_tokenizer(path: str | Path):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
-
-
-def tokenizer_info(path: str | Path, tok=None) -> TokenizerInfo:
-    tok = tok if tok is not None else load_tokenizer(path)
-    if tok.eos_token_id is None:
-        raise ValueError(f"tokenizer {path} has no eos_token: one is needed to separate documents")
-    probe = tok("a", add_special_tokens=True)["input_ids"]
-    adds_bos = tok.bos_token_id is not None and tok.bos_token_id != tok.eos_token_id and probe[:1] == [tok.bos_token_id]
-    sha = hashlib.sha256((Path(path) / "tokenizer.json").read_bytes()).hexdigest()
-    return TokenizerInfo(tok.eos_token_id, tok.bos_token_id, adds_bos, len(tok), sha)
+        tokenizer_info(tmp)  # fail here, not in a later job, if it lacks an EOS
+        load_tokenizer(tmp)  # and if transformers cannot load it
 
 
 def main(argv: list[str] | None = None) -> None:
+    from llmpipe.data.get_data import load_sources
+
     p = argparse.ArgumentParser(prog="llmpipe tokenizer", description=__doc__)
     p.add_argument("--config", required=True)
-    p.add_argument("--shards", nargs="*", default=[], help="raw Parquet shards (to train on)")
+    p.add_argument("--sources", help="sources.json from get-data (to train on)")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
-    cfg = cfgmod.load(args.config)["tokenizer"]
-    if cfg["source"] == "train":
-        if not args.shards:
-            p.error("tokenizer.source is 'train': pass --shards")
-        train_tokenizer([Path(s) for s in args.shards], args.out, cfg["vocab_size"], cfg["min_frequency"])
+    cfg = cfgmod.load(args.config)
+    t = cfg["tokenizer"]
+    if t["source"] == "train":
+        if not args.sources:
+            p.error("tokenizer.source is 'train': pass --sources")
+        train_tokenizer(cfg["data"], load_sources(args.sources), args.out, t["vocab_size"], t["min_frequency"],
+                        t["max_train_documents"])
     else:
-        copy_tokenizer(cfg["source"], args.out)
+        copy_tokenizer(t["source"], args.out)

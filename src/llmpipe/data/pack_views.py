@@ -1,0 +1,57 @@
+"""pack (gather): build one backend view of the token store -> <views>/<format>/ + view.json."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib
+import json
+import logging
+from pathlib import Path
+
+from llmpipe import config as cfgmod
+from llmpipe.data.token_store import TokenStore
+from llmpipe.data.views import FORMATS
+from llmpipe.io import atomic_path, write_json
+
+log = logging.getLogger(__name__)
+
+
+def view_key(store: TokenStore, fmt: str, cfg: dict) -> str:
+    """What a view depends on: the store's content and the packing parameters."""
+    d = cfg["data"]
+    params = {k: d[k] for k in ("remainder", "val_remainder", "shuffle", "shuffle_seed", "segment_ids",
+                                "litgpt_sequences_per_file")}
+    params.update(format=fmt, seq_len=cfg["train"]["seq_len"])
+    return hashlib.sha256(f"{store.manifest['fingerprint']}:{json.dumps(params, sort_keys=True)}".encode()).hexdigest()
+
+
+def build_view(manifest: str | Path, fmt: str, out_dir: str | Path, cfg: dict, tokenizer_dir: str | Path | None = None) -> dict:
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown view format {fmt!r}; available: {', '.join(FORMATS)}")
+    store = TokenStore(manifest)
+    if tokenizer_dir is not None:
+        from llmpipe.data.tokenizer import tokenizer_info
+
+        sha = tokenizer_info(tokenizer_dir).sha256
+        if sha != store.manifest["tokenizer"]["sha256"]:
+            raise ValueError(f"token store {manifest} was made with another tokenizer than {tokenizer_dir}: retokenize")
+    module = importlib.import_module(f"llmpipe.data.views.{fmt}")
+    with atomic_path(out_dir) as tmp:
+        stats = module.write(store, tmp, cfg)
+        info = {"format": fmt, "seq_len": cfg["train"]["seq_len"], "store_fingerprint": store.manifest["fingerprint"],
+                "fingerprint": view_key(store, fmt, cfg), "eos_id": store.eos_id, **stats}
+        write_json(tmp / "view.json", info)
+    log.info("%s view %s: %s", fmt, out_dir, stats)
+    return info
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="llmpipe pack", description=__doc__)
+    p.add_argument("--config", required=True)
+    p.add_argument("--store", required=True, help="token store manifest.json")
+    p.add_argument("--format", default="hf", choices=FORMATS)
+    p.add_argument("--tokenizer", help="tokenizer folder the store must have been made with")
+    p.add_argument("--out", required=True, help="view folder to write")
+    args = p.parse_args(argv)
+    build_view(args.store, args.format, args.out, cfgmod.load(args.config), args.tokenizer)

@@ -1,0 +1,41 @@
+"""Write a safetensors file whose tensors come from files on disk, streaming (constant memory).
+
+The format (8-byte little-endian header length, JSON header padded to 8 bytes, then the tensors'
+bytes back to back) is read back with the safetensors library itself.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+from pathlib import Path
+
+import numpy as np
+
+DTYPES = {np.dtype(np.uint16): "U16", np.dtype(np.uint32): "U32", np.dtype(np.int64): "I64", np.dtype(np.int32): "I32"}
+
+
+def write(path: str | Path, tensors: dict[str, tuple[np.dtype, Path | np.ndarray]], metadata: dict[str, str]) -> None:
+    """tensors: name -> (dtype, a raw little-endian file or an array); 1-D tensors only."""
+    header, parts, offset = {}, [], 0
+    for name, (dtype, data) in tensors.items():
+        dtype = np.dtype(dtype)
+        nbytes = Path(data).stat().st_size if isinstance(data, Path) else np.asarray(data, dtype).nbytes
+        if nbytes % dtype.itemsize:
+            raise ValueError(f"{name}: {nbytes} bytes is not a whole number of {dtype}")
+        header[name] = {"dtype": DTYPES[dtype], "shape": [nbytes // dtype.itemsize], "data_offsets": [offset, offset + nbytes]}
+        parts.append((dtype, data))
+        offset += nbytes
+    header["__metadata__"] = metadata
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)
+    with open(path, "wb") as out:
+        out.write(struct.pack("<Q", len(blob)))
+        out.write(blob)
+        for dtype, data in parts:
+            if isinstance(data, Path):
+                with open(data, "rb") as src:
+                    shutil.copyfileobj(src, out, 1 << 22)
+            else:
+                out.write(np.ascontiguousarray(data, dtype=dtype.newbyteorder("<")).tobytes())

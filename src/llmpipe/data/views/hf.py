@@ -1,0 +1,84 @@
+"""HF view: datasets.save_to_disk folders train/ and val/ with `input_ids`, `attention_mask`,
+`labels` (and `segment_ids` unless disabled), each exactly seq_len long. Loads with
+load_from_disk + transformers.default_data_collator into int64 [B, seq_len] (NxD's contract)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from llmpipe.data.pack import Layout, labels_of, order, row
+from llmpipe.data.token_store import TokenStore
+
+log = logging.getLogger(__name__)
+ROWS_PER_BATCH = 256
+
+
+def _column(rows: list[np.ndarray], dtype, length: int) -> pa.Array:
+    return pa.FixedSizeListArray.from_arrays(pa.array(np.concatenate(rows).astype(dtype)), length)
+
+
+def _features(seq_len: int, segment_ids: bool, seg_dtype: str):
+    from datasets import Features, List, Value
+
+    cols = {"input_ids": "int32", "attention_mask": "int8", "labels": "int32"}
+    if segment_ids:
+        cols["segment_ids"] = seg_dtype
+    return Features({k: List(Value(v), length=seq_len) for k, v in cols.items()})
+
+
+def _finish(folder: Path, data_file: str) -> None:
+    """state.json + dataset_info.json exactly as Dataset.save_to_disk writes them, for a file we wrote
+    with datasets' own ArrowWriter (streaming: no second copy of the data)."""
+    import datasets
+
+    ds = datasets.Dataset.from_file(str(folder / data_file))  # memory-mapped; nothing is read
+    state = {"_fingerprint": uuid.uuid4().hex[:16], "_format_columns": None, "_format_kwargs": {},
+             "_format_type": None, "_output_all_columns": False, "_split": None,
+             "_data_files": [{"filename": data_file}]}
+    (folder / "state.json").write_text(json.dumps(state, indent=2, sort_keys=True))
+    info = asdict(ds.info)
+    (folder / "dataset_info.json").write_text(json.dumps({k: info[k] for k in sorted(info)}, indent=2))
+
+
+def write_split(store: TokenStore, split: str, out: Path, seq_len: int, remainder: str, shuffle: bool, seed: int,
+                segment_ids: bool) -> dict:
+    from datasets.arrow_writer import ArrowWriter
+
+    stream = store.split(split)
+    layout = Layout(stream.size, seq_len, remainder)
+    if layout.rows == 0:
+        raise ValueError(f"{split} split has {stream.size} tokens: not one row of seq_len {seq_len}")
+    starts = stream.doc_starts() if segment_ids else None
+    seg_dtype = "int16" if seq_len < 2**15 else "int32"
+    features = _features(seq_len, segment_ids, seg_dtype)
+    schema = features.arrow_schema
+    perm = order(layout.rows, shuffle, seed)
+    out.mkdir(parents=True)
+    data_file = "data-00000-of-00001.arrow"
+    with ArrowWriter(features=features, path=str(out / data_file)) as writer:
+        for k in range(0, layout.rows, ROWS_PER_BATCH):
+            rows = [row(stream.read, layout, int(i), store.eos_id, starts) for i in perm[k:k + ROWS_PER_BATCH]]
+            cols = [_column([r[0] for r in rows], np.int32, seq_len), _column([r[1] for r in rows], np.int8, seq_len),
+                    _column([labels_of(r[0], r[1]) for r in rows], np.int32, seq_len)]
+            if segment_ids:
+                cols.append(_column([r[2] for r in rows], seg_dtype, seq_len))
+            writer.write_table(pa.Table.from_batches([pa.record_batch(cols, schema=schema)]))
+        writer.finalize()
+    _finish(out, data_file)
+    return {**layout.stats(), "shuffle": shuffle, "seed": seed, "segment_ids": segment_ids}
+
+
+def write(store: TokenStore, out: Path, cfg: dict) -> dict:
+    d, seq_len = cfg["data"], cfg["train"]["seq_len"]
+    stats = {}
+    for split, policy, shuffle in (("train", d["remainder"], d["shuffle"]), ("val", d["val_remainder"], False)):
+        stats[split] = write_split(store, split, out / split, seq_len, policy, shuffle, d["shuffle_seed"],
+                                   d["segment_ids"])
+    return stats
