@@ -73,7 +73,7 @@ def prepare(tmp: Path, cfg: dict, views=("hf",)) -> dict:
     tokens = tmp / "tokens"
     outs = [tokens / f"shard-{i:05d}.safetensors" for i in range(d["num_shards"])]
     for i, o in enumerate(outs):
-        tokenize_shard(cfg, sources, i, tmp / "tokenizer", o)
+        tokenize_shard(cfg, sources, i, tmp / "tokenizer", o, sources_key=key)
     build_manifest(outs, tokens / "manifest.json", key)
     for fmt in views:
         build_view(tokens / "manifest.json", fmt, tmp / fmt, cfg, tmp / "tokenizer")

@@ -104,6 +104,31 @@ def test_store_refuses_shards_from_two_tokenizers(tmp_path, prepared):
         build_manifest([a, b], tmp_path / "manifest.json")
 
 
+def test_store_refuses_shards_made_with_other_data_settings(tmp_path, prepared):
+    a, b = tmp_path / "shard-00000.safetensors", tmp_path / "shard-00001.safetensors"
+    tokenize_shard(prepared["cfg"], prepared["sources"], 0, prepared["tokenizer"], a)
+    tokenize_shard(merge(prepared["cfg"], {"data": {"val_fraction": 0.5}}), prepared["sources"], 1,
+                   prepared["tokenizer"], b)
+    with pytest.raises(ValueError, match="data setup"):
+        build_manifest([a, b], tmp_path / "manifest.json")
+
+
+def test_skipped_records_are_counted_through_the_store(tmp_path):
+    good = corpus_docs(12)
+    lines = [json.dumps({"text": t}) for t in good[:6]] + ["{broken", json.dumps({"body": "x"}), json.dumps({"text": ""})]
+    lines += [json.dumps({"text": t}) for t in good[6:]]
+    (tmp_path / "corpus.jsonl").write_text("\n".join(lines) + "\n")
+    cfg = tiny_config(tmp_path, data={"on_bad_record": "skip"}, tokenizer={"source": str(GPT2)})
+    out = prepare(tmp_path, cfg, views=())
+    read = TokenStore(out["manifest"]).manifest["read"]
+    assert read["documents"] == 12 and read["skipped"] == {"bad_json": 1, "missing_field": 1, "empty": 1}
+    texts = [t for _, t in sorted((d, toks) for d, (_, toks) in store_docs(out["manifest"]).items())]
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(GPT2)
+    assert texts == [tok(t)["input_ids"] + [50256] for t in good]  # good documents kept, in order
+
+
 def test_view_refuses_store_of_another_tokenizer(tmp_path, prepared):
     copy_tokenizer(GPT2, tmp_path / "gpt2")
     with pytest.raises(ValueError, match="another tokenizer"):

@@ -33,6 +33,10 @@ def load_sources(path: str | Path) -> list[str]:
     return [e["source"] for e in json.loads(Path(path).read_text())["sources"]]
 
 
+def sources_key(path: str | Path) -> str:
+    return json.loads(Path(path).read_text())["key"]
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="llmpipe get-data", description=__doc__)
     p.add_argument("--config", required=True, help="config YAML/JSON file or inline JSON")

@@ -37,11 +37,12 @@ def build_manifest(shards: list[str | Path], out: str | Path, sources_key: str |
             raise ValueError(f"token shard {path} is not inside the store folder {out.parent}")
         with safe_open(str(path), framework="numpy") as f:
             meta = f.metadata()
-        tok = {k: meta[k] for k in ("tokenizer_sha256", "eos_id", "bos_id", "vocab_size")}
+        tok = {k: meta[k] for k in ("tokenizer_sha256", "eos_id", "bos_id", "vocab_size", "key")}
         if tokenizer is None:
             tokenizer = tok
         elif tok != tokenizer:
-            raise ValueError(f"token shard {path} was made with a different tokenizer setup ({tok} vs {tokenizer})")
+            raise ValueError(f"token shard {path} was made with a different tokenizer or data setup ({tok} vs {tokenizer}): "
+                             "retokenize every shard")
         counts = json.loads(meta["counts"])
         for split in SPLITS:
             for k in ("documents", "tokens"):
@@ -55,6 +56,7 @@ def build_manifest(shards: list[str | Path], out: str | Path, sources_key: str |
         "tokenizer": {"sha256": tokenizer["tokenizer_sha256"], "eos_id": int(tokenizer["eos_id"]),
                       "bos_id": int(tokenizer["bos_id"]), "vocab_size": int(tokenizer["vocab_size"])},
         "sources_key": sources_key,
+        "key": tokenizer["key"],
         "shards": entries,
         "totals": totals,
         "read": read.as_dict(),

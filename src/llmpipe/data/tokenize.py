@@ -56,8 +56,19 @@ class _SplitWriter:
         return {"documents": len(self.doc_ids), "tokens": self.offsets[-1]}
 
 
+# Data settings that change the tokens of a shard (the rest only change views).
+TOKEN_KEYS = ("sources", "text_field", "text_mode", "hf_config", "hf_split", "hf_revision", "max_records_per_source",
+              "max_document_chars", "on_bad_record", "num_shards", "val_fraction", "split_seed", "add_bos")
+
+
+def shard_key(d: dict, sources_key: str, tokenizer_sha: str) -> str:
+    """What produced a shard's tokens: input checksums, tokenizer file, data parameters."""
+    params = json.dumps({k: d[k] for k in TOKEN_KEYS}, sort_keys=True)
+    return hashlib.sha256(f"{sources_key}:{tokenizer_sha}:{params}".encode()).hexdigest()
+
+
 def tokenize_shard(cfg: dict, sources: list[str], shard: int, tokenizer_dir: str | Path, out: str | Path,
-                   threads: int = 1) -> dict:
+                   threads: int = 1, sources_key: str = "") -> dict:
     d = cfg["data"]
     plan = assign(sources, d["num_shards"], shard)
     info = tokenizer_info(tokenizer_dir)
@@ -104,6 +115,7 @@ def tokenize_shard(cfg: dict, sources: list[str], shard: int, tokenizer_dir: str
                 "tokenizer_sha256": info.sha256, "eos_id": str(info.eos_id), "bos_id": str(info.bos_id if bos else -1),
                 "vocab_size": str(info.vocab_size), "counts": json.dumps(counts), "read": json.dumps(stats.as_dict()),
                 "encoder": encoder.name if encoder else "none", "shard": f"{shard}/{d['num_shards']}",
+                "key": shard_key(d, sources_key, info.sha256),
                 **{f"sha256.{s}": w.sha.hexdigest() for s, w in writers.items()},
             }
             tensors = {}
@@ -122,7 +134,7 @@ def tokenize_shard(cfg: dict, sources: list[str], shard: int, tokenizer_dir: str
 
 
 def main(argv: list[str] | None = None) -> None:
-    from llmpipe.data.get_data import load_sources
+    from llmpipe.data.get_data import load_sources, sources_key
 
     p = argparse.ArgumentParser(prog="llmpipe tokenize", description=__doc__)
     p.add_argument("--config", required=True)
@@ -133,4 +145,4 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
     tokenize_shard(cfgmod.load(args.config), load_sources(args.sources), args.shard, args.tokenizer, args.out,
-                   args.threads)
+                   args.threads, sources_key(args.sources))

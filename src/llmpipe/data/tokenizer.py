@@ -90,7 +90,7 @@ class HFEncoder:
         self.tok = load_backend(path)
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return [e.ids for e in self.tok.encode_batch_fast(texts, add_special_tokens=False)]
+        return [e.ids for e in self.tok.encode_batch(texts, add_special_tokens=False)]
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -231,7 +231,6 @@ def copy_tokenizer(src: str | Path, out_dir: str | Path) -> None:
             if (src / name).is_file():
                 shutil.copy2(src / name, tmp / name)
         tokenizer_info(tmp)  # fail here, not in a later job, if it lacks an EOS
-        load_tokenizer(tmp)  # and if transformers cannot load it
 
 
 def main(argv: list[str] | None = None) -> None:

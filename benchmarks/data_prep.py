@@ -1,0 +1,184 @@
+"""Data prep: the seeds' recipe vs llmpipe's data stages, same machine, same process tree.
+
+  python benchmarks/data_prep.py [--corpora chunks books] [--shared ../shared/data]
+
+Seeds' recipe (neuronx-distributed examples/training/llama/get_dataset.py): datasets.load_dataset(json)
++ map(tokenize, batched, num_proc=2) + map(group_texts, num_proc=2) + save_to_disk, GPT-2, 4096.
+Ours: get-data, tokenize (2 shard jobs in parallel, 1 thread each), token-store, pack hf: the CLI
+commands the Snakemake rules run, back to back. Each variant runs in its own process tree; peak RSS is
+the largest sum over that tree, sampled every 20 ms. Prints wall s, tokens/s, peak RSS and the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parents[1]
+GPT2 = REPO / "data" / "tokenizers" / "gpt2"
+SEQ = 4096
+
+
+def tree_rss(proc: psutil.Process) -> int:
+    total = 0
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
+
+
+def measure(cmd: list[str]) -> dict:
+    """Run a worker; return its JSON result plus wall time and peak tree RSS."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO / "src"), "TOKENIZERS_PARALLELISM": "true"})
+    ps, peak = psutil.Process(proc.pid), [0]
+
+    def poll():
+        while proc.poll() is None:
+            peak[0] = max(peak[0], tree_rss(ps))
+            time.sleep(0.02)
+
+    t = threading.Thread(target=poll)
+    t.start()
+    out, err = proc.communicate()
+    t.join()
+    if proc.returncode:
+        raise SystemExit(f"{cmd} failed:\n{err[-3000:]}")
+    result = json.loads(out.strip().splitlines()[-1])
+    return {**result, "wall": time.perf_counter() - start, "rss": peak[0]}
+
+
+# ------------------------------------------------------------------ workers (run in a child process)
+
+
+def worker_recipe(corpus: str, work: Path) -> dict:
+    from itertools import chain
+
+    import datasets
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(GPT2))
+    raw = datasets.load_dataset("json", data_files=corpus, split="train", cache_dir=str(work / "cache"))
+    tokenized = raw.map(lambda ex: tok(ex["text"]), batched=True, num_proc=2, remove_columns=raw.column_names)
+    tokens = sum(len(x) for x in tokenized["input_ids"])
+
+    def group_texts(examples):
+        cat = {k: list(chain(*examples[k])) for k in examples}
+        total = len(cat["input_ids"]) // SEQ * SEQ
+        result = {k: [t[i:i + SEQ] for i in range(0, total, SEQ)] for k, t in cat.items()}
+        result["labels"] = result["input_ids"].copy()
+        return result
+
+    grouped = tokenized.map(group_texts, batched=True, num_proc=2)
+    grouped.save_to_disk(str(work / "recipe"))
+    return {"tokens": tokens, "rows": len(grouped)}
+
+
+def worker_ours(corpus: str, work: Path, backend: str, records: int | None) -> dict:
+    cfg = json.dumps({"run": "bench", "data": {"sources": [corpus], "num_shards": 2, "max_records_per_source": records},
+                      "tokenizer": {"source": str(GPT2), "backend": backend}, "train": {"seq_len": SEQ}})
+    py = [sys.executable, "-m", "llmpipe"]
+    store = work / "tokens"
+
+    def run(*args):
+        subprocess.run(py + list(args), check=True, capture_output=True)
+
+    run("get-data", "--config", cfg, "--out", str(work / "sources.json"))
+    run("tokenizer", "--config", cfg, "--out", str(work / "tok"))
+    jobs = [subprocess.Popen(py + ["tokenize", "--config", cfg, "--sources", str(work / "sources.json"), "--shard", str(i),
+                                   "--tokenizer", str(work / "tok"), "--out", str(store / f"shard-{i:05d}.safetensors")],
+                             stderr=subprocess.PIPE) for i in range(2)]
+    for j in jobs:
+        if j.wait():
+            raise SystemExit(j.stderr.read().decode()[-2000:])
+    run("token-store", "--shards", *[str(store / f"shard-{i:05d}.safetensors") for i in range(2)],
+        "--sources", str(work / "sources.json"), "--out", str(store / "manifest.json"))
+    run("pack", "--config", cfg, "--store", str(store / "manifest.json"), "--out", str(work / "hf"))
+    manifest = json.loads((store / "manifest.json").read_text())
+    encoders = sorted({s["encoder"] for s in manifest["shards"]})
+    return {"tokens": sum(manifest["totals"][s]["tokens"] for s in ("train", "val")), "encoders": encoders}
+
+
+def worker_encode(corpus: str, work: Path) -> dict:
+    """The limit with an HF tokenizer: encode_batch alone, 2 threads, text already in memory."""
+    import gzip
+
+    import orjson
+    from tokenizers import Tokenizer
+
+    with gzip.open(corpus, "rb") as fh:
+        texts = [orjson.loads(line)["text"] for line in fh]
+    tok = Tokenizer.from_file(str(GPT2 / "tokenizer.json"))
+    start = time.perf_counter()
+    tokens = sum(len(e.ids) for e in tok.encode_batch(texts, add_special_tokens=False))
+    return {"tokens": tokens, "encode_s": time.perf_counter() - start}
+
+
+def worker(args) -> None:
+    work = Path(tempfile.mkdtemp(dir=args.tmp))
+    if args.worker == "recipe":
+        out = worker_recipe(args.corpus, work)
+    elif args.worker == "encode":
+        os.environ["RAYON_NUM_THREADS"] = "2"
+        out = worker_encode(args.corpus, work)
+    else:
+        out = worker_ours(args.corpus, work, args.worker.split("-")[1], args.records)
+    print(json.dumps(out))
+
+
+# ------------------------------------------------------------------ driver
+
+
+def row(name: str, r: dict, base: dict | None) -> str:
+    speed = r["tokens"] / r["wall"]
+    ratio = f"{base['wall'] / r['wall']:5.2f}x faster, RSS {r['rss'] / base['rss']:.2f}x" if base else "baseline"
+    return f"{name:<34} {r['wall']:7.1f} s {speed / 1e6:6.2f} M tok/s {r['rss'] / 2**30:6.2f} GB   {ratio}"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--corpora", nargs="+", default=["chunks", "books"], choices=["chunks", "books"])
+    p.add_argument("--shared", default=str(REPO.parent / "shared" / "data"))
+    p.add_argument("--tmp", default=None, help="scratch folder (default: system temp)")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--corpus", help=argparse.SUPPRESS)
+    p.add_argument("--records", type=int, default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        return worker(args)
+    me = [sys.executable, __file__]
+    tmp = ["--tmp", args.tmp] if args.tmp else []
+    for name in args.corpora:
+        corpus = str(Path(args.shared) / "corpus" / f"gutenberg-{name}-100mb.jsonl.gz")
+        print(f"\n== {corpus} (GPT-2 tokenizer, seq_len {SEQ}, 2 cores)")
+        base = measure(me + ["--worker", "recipe", "--corpus", corpus] + tmp)
+        print(row("seeds' recipe", base, None), flush=True)
+        fast = measure(me + ["--worker", "ours-auto", "--corpus", corpus] + tmp)
+        print(row(f"llmpipe ({'+'.join(fast['encoders'])})", fast, base), flush=True)
+        if name == "chunks":
+            hf = measure(me + ["--worker", "ours-hf", "--corpus", corpus] + tmp)
+            print(row("llmpipe (HF tokenizer only)", hf, base), flush=True)
+            enc = measure(me + ["--worker", "encode", "--corpus", corpus] + tmp)
+            limit = enc["tokens"] / enc["encode_s"]
+            print(f"{'HF encode_batch alone':<34} {enc['encode_s']:7.1f} s {limit / 1e6:6.2f} M tok/s"
+                  f"   llmpipe HF path reaches {hf['tokens'] / hf['wall'] / limit:.0%} of it")
+        else:
+            half = measure(me + ["--worker", "ours-auto", "--corpus", corpus, "--records", "148"] + tmp)
+            print(row("llmpipe, first half of the books", half, base),
+                  f"  (peak RSS half/full: {half['rss'] / fast['rss']:.2f})", flush=True)
+
+
+if __name__ == "__main__":
+    main()
