@@ -16,6 +16,7 @@ from array import array
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from llmpipe import config as cfgmod
 from llmpipe.data import stfile
@@ -100,7 +101,7 @@ def tokenize_shard(cfg: dict, sources: list[str], shard: int, tokenizer_dir: str
                     writers["val" if val else "train"].add(prefix + ids + eos, did)
                 batch.clear()
 
-            for item in docs():
+            for item in tqdm(docs(), desc=f"tokenize shard {shard}", unit=" docs", mininterval=10):
                 batch.append(item)
                 chars += len(item[2])
                 if len(batch) >= BATCH_DOCS or chars >= BATCH_CHARS:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+from tqdm import tqdm
 
 from llmpipe.data.pack import Layout, labels_of, order, row
 from llmpipe.data.token_store import TokenStore
@@ -63,7 +64,7 @@ def write_split(store: TokenStore, split: str, out: Path, seq_len: int, remainde
     out.mkdir(parents=True)
     data_file = "data-00000-of-00001.arrow"
     with ArrowWriter(features=features, path=str(out / data_file)) as writer:
-        for k in range(0, layout.rows, ROWS_PER_BATCH):
+        for k in tqdm(range(0, layout.rows, ROWS_PER_BATCH), desc=f"pack hf/{split}", unit=" batches", mininterval=10):
             rows = [row(stream.read, layout, int(i), store.eos_id, starts) for i in perm[k:k + ROWS_PER_BATCH]]
             cols = [_column([r[0] for r in rows], np.int32, seq_len), _column([r[1] for r in rows], np.int8, seq_len),
                     _column([labels_of(r[0], r[1]) for r in rows], np.int32, seq_len)]

@@ -14,6 +14,7 @@ import struct
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from llmpipe.data.pack import Layout, order, row
 from llmpipe.data.token_store import TokenStore
@@ -54,7 +55,8 @@ def write_split(store: TokenStore, split: str, out: Path, prefix: str, name: str
     perm = order(layout.rows, shuffle, seed)
     out.mkdir(parents=True)
     files = 0
-    for counter, k in enumerate(range(0, layout.rows, per_file)):
+    batches = range(0, layout.rows, per_file)
+    for counter, k in enumerate(tqdm(batches, desc=f"pack litgpt/{split}", unit=" files", mininterval=10)):
         chunk = np.full(block * per_file, store.eos_id, dtype=np.int64)
         for j, i in enumerate(perm[k:k + per_file]):
             chunk[j * block:(j + 1) * block] = row(stream.read, layout, int(i), store.eos_id)[0]
