@@ -116,3 +116,22 @@ def test_shard_assignment_is_a_partition():
     record = [assign(files[:2], 4, s) for s in range(4)]
     assert all(a.record_level for a in record)
     assert sorted(r for a in record for r in range(40) if a.keep(r)) == list(range(40))
+
+
+def test_https_style_url_through_fsspec(tmp_path, docs):
+    """http(s):// sources go through fsspec's HTTP filesystem; served here from loopback."""
+    import functools
+    import http.server
+    import threading
+
+    with gzip.open(tmp_path / "c.jsonl.gz", "wt") as fh:
+        fh.write("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/c.jsonl.gz"
+        assert expand_sources([url]) == [url]
+        assert list(iter_documents(data_cfg([url]))) == docs
+    finally:
+        server.shutdown()
