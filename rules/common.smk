@@ -36,12 +36,15 @@ def cfg_json(*keys):
             out.setdefault(section, {})[name] = config[section][name]
         else:
             out[section] = config[section]
-    return json.dumps(out, sort_keys=True)
+    text = json.dumps(out, sort_keys=True)
+    return lambda wildcards: text  # a function: Snakemake must not read {...} in values as wildcards
 
 
 def corpus_files(wildcards):
-    """Local corpus files (globs expanded), so editing one reruns get_data; hf: sources are not files."""
-    return expand_sources([s for s in config["data"]["sources"] if not s.startswith(HF_PREFIX)])
+    """Local corpus files (globs expanded), so editing one reruns get_data. URLs and hf: datasets are
+    not listed (no network at parse time): get_data fingerprints them (ETag / size) instead."""
+    local = [s for s in config["data"]["sources"] if not s.startswith(HF_PREFIX) and "://" not in s]
+    return expand_sources(local)
 
 
 def tokenizer_inputs(wildcards):
@@ -77,8 +80,16 @@ def apply_config_resources():
     """Config `resources:` on top of every rule's resources, the profile's set-resources included
     (a profile's set-resources would otherwise beat anything a rule declares). Call after all rules."""
     res = config["resources"]
+    names = {r.name for r in workflow.rules}
+    unknown = sorted(set(res) - names - {"default", "train"})
+    if unknown:
+        raise WorkflowError(
+            f"invalid llmpipe config: unknown rule(s) under 'resources': {', '.join(unknown)}; "
+            f"use default, train or one of: {', '.join(sorted(names))}"
+        )
     for r in workflow.rules:
-        key = "train" if r.name == f"train_{BACKEND}" else r.name
-        values = {**res.get("default", {}), **res.get(key, {})}
+        values = {**res.get("default", {}), **res.get(r.name, {})}
+        if r.name == f"train_{BACKEND}":
+            values.update(res.get("train", {}))
         if values:
             r.resources.update(values)

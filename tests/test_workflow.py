@@ -1,6 +1,7 @@
 """The real Snakemake workflow on the embedded default, in a temp copy of the repository."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -92,6 +93,54 @@ def test_ddp_config_launches_torchrun_and_local_tokenizer_is_copied(workdir, tmp
     overlay.write_text("run: ddp\ntrain: {nproc: 2, threads: 1}\ntokenizer: {source: data/tokenizers/gpt2}\n")
     proc = snakemake(workdir, "-n", "-p", "--configfile", str(overlay), timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert "torchrun --standalone --nproc_per_node 2 -m llmpipe train" in proc.stdout
+    launch = "python -m llmpipe launch --nproc-per-node 2 --nnodes 1 --launcher auto"
+    assert f"{launch} -- -m llmpipe train" in proc.stdout
+    # ... which runs torchrun --standalone outside Slurm
+    cmd = subprocess.run([sys.executable, *launch.split()[1:], "--dry-run", "--", "-m", "llmpipe", "train"],
+                         cwd=workdir, capture_output=True, text=True, timeout=60,
+                         env={k: v for k, v in os.environ.items() if not k.startswith("SLURM_")})
+    assert cmd.stdout.split()[1:] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                                      "-m", "llmpipe", "train"], cmd.stdout + cmd.stderr
     assert "data/tokenizers/gpt2/tokenizer.json" in proc.stdout  # tracked as the tokenizer rule's input
     assert "results/ddp/" in proc.stdout and "max_steps" in proc.stdout
+
+
+@pytest.mark.slow
+def test_plan_and_report_after_the_run(workdir):
+    """After test_embedded_default_end_to_end (file order): the plan counted the packed view and
+    matches what training did; an estimate from the corpus alone is close; the report shows the curves."""
+    import base64
+
+    from transformers import AutoModelForCausalLM
+
+    run = workdir / "results" / "default"
+    plan = json.loads((run / "plan.json").read_text())
+    rows = json.loads((run / "data" / "views" / "hf" / "view.json").read_text())["train"]["rows"]
+    assert plan["data"]["source"] == "packed view" and plan["data"]["train_rows"] == rows
+    assert plan["model"]["parameters"] == AutoModelForCausalLM.from_pretrained(run / "checkpoints" / "init").num_parameters()
+    last = json.loads((run / "train" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert (plan["schedule"]["steps"], plan["schedule"]["tokens"]) == (last["step"], last["tokens"])
+    assert abs(plan["schedule"]["epochs"] - last["epoch"]) < 1e-9
+    assert "| p5.48xlarge |" in (run / "plan.md").read_text()
+
+    est = subprocess.run([sys.executable, "-m", "llmpipe", "plan", "--config", "config/config.yaml", "--estimate",
+                          "--out", "estimate.json"], cwd=workdir, capture_output=True, text=True, timeout=300)
+    assert est.returncode == 0, est.stderr[-3000:]
+    estimate = json.loads((workdir / "estimate.json").read_text())["data"]
+    assert estimate["source"] == "estimate" and abs(estimate["train_rows"] - rows) <= 0.02 * rows, (estimate, rows)
+
+    proc = snakemake(workdir, "--report", "report.html", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    html = (workdir / "report.html").read_text()
+    for name in ("loss.png", "lr.png"):  # the plots themselves, embedded
+        assert base64.b64encode((run / "report" / name).read_bytes()).decode() in html, name
+    for item in ("data.html", "plan.html", "eval.html"):
+        assert item in html, item
+
+
+def test_dry_run_with_remote_sources_makes_no_network_call(workdir, tmp_path):
+    overlay = tmp_path / "remote.yaml"
+    overlay.write_text("run: remote\ndata: {sources: ['s3://no-such-bucket/train.{1..4}.jsonl.gz']}\n")
+    proc = snakemake(workdir, "-n", "--configfile", str(overlay), timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "rule get_data:" in proc.stdout
