@@ -1,5 +1,7 @@
 # llmpipe: raw text -> token store -> packed views -> train -> HF export -> evaluation.
-# Run: snakemake --profile profiles/local      Dry run: add -n      DAG: --rulegraph | dot -Tpng
+# Run: snakemake --profile profiles/local      Dry run: add -n      DAG: scripts/dag.sh
+# Plan only (before training): snakemake --profile profiles/local results/default/plan.json
+# Report after a run: snakemake --report report.html
 from snakemake.utils import min_version
 
 min_version("9.0")
@@ -8,11 +10,16 @@ min_version("9.0")
 configfile: "config/config.yaml"
 
 
+report: "report/workflow.rst"
+
+
 include: "rules/common.smk"
 include: "rules/data.smk"
 include: "rules/model.smk"
 include: f"rules/train_{BACKEND}.smk"
 include: "rules/export.smk"
+include: "rules/plan.smk"
+include: "rules/report.smk"
 
 
 apply_config_resources()
@@ -23,4 +30,6 @@ rule all:
         f"{RUN}/data/stats.json",
         f"{RUN}/hf",
         f"{RUN}/eval.json",
+        f"{RUN}/plan.json",
+        rules.report_items.output,
     default_target: True

@@ -1,4 +1,5 @@
-# Backend "torch": plain PyTorch (DDP under torchrun when train.nproc > 1).
+# Backend "torch": plain PyTorch; DDP under torchrun when train.nproc > 1, one torchrun per node via
+# srun when train.nnodes > 1 (llmpipe.launch picks the command at run time, inside the job).
 # Contract for every backend file: produce the HF-format folder {RUN}/checkpoints/<backend>/final.
 
 
@@ -10,19 +11,17 @@ rule train_torch:
         directory(f"{RUN}/checkpoints/torch/final"),
     params:
         cfg=cfg_json("train", "eval"),
-        launcher=lambda wildcards, threads: (
-            "python"
-            if config["train"]["nproc"] == 1
-            else f"torchrun --standalone --nproc_per_node {config['train']['nproc']}"
-        ),
+        launch=launch_prefix(),
         checkpoints=lambda wildcards, output: Path(output[0]).parent,
         metrics=f"{RUN}/train/metrics.jsonl",
     threads: config["train"]["threads"] * config["train"]["nproc"]
+    resources:
+        **train_resources(),
     log:
         f"{RUN}/logs/train_torch.log",
     conda:
         "../envs/torch.yaml"
     shell:
-        "{params.launcher} -m llmpipe train"
+        "{params.launch} -- -m llmpipe train"
         " --config {params.cfg:q} --init {input.init} --data {input.data} --checkpoints {params.checkpoints}"
         " --metrics {params.metrics} --out {output} > {log} 2>&1"

@@ -20,6 +20,8 @@ COMMANDS = {
     "export": "llmpipe.export",
     "evaluate": "llmpipe.evaluate",
     "check-config": "llmpipe.check_config",
+    "plan": "llmpipe.plan",
+    "report": "llmpipe.report",
 }
 
 

@@ -58,7 +58,8 @@ def _subschema(schema: dict, path: list) -> dict:
         if isinstance(part, int):
             schema = schema.get("items", {})
         else:
-            schema = schema.get("properties", {}).get(part, {})
+            extra = schema.get("additionalProperties")
+            schema = schema.get("properties", {}).get(part, extra if isinstance(extra, dict) else {})
         if "$ref" in schema:  # only local refs: "#/$defs/<name>"
             schema = root["$defs"][schema["$ref"].rsplit("/", 1)[-1]]
     return schema

@@ -26,7 +26,7 @@ def evaluate(model_dir: str | Path, view_dir: str | Path, out: str | Path, batch
         str(model_dir), dtype=torch.float32, attn_implementation="sdpa", trust_remote_code=False
     ).to(device)
     val = datasets.load_from_disk(str(Path(view_dir) / "val")).with_format("torch")
-    loss, tokens = dataset_loss(model, val, batch_size, device)
+    loss, tokens = dataset_loss(model, val, batch_size, device, progress="evaluate")
     result = {"val_loss": loss, "perplexity": math.exp(loss), "tokens": tokens, "sequences": len(val),
               "model": str(model_dir), "data": str(Path(view_dir) / "val")}
     write_json(out, result)

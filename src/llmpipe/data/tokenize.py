@@ -28,7 +28,7 @@ from llmpipe.io import atomic_path
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "val")
-BATCH_DOCS, BATCH_CHARS, SAMPLE_DOCS = 1024, 8 << 20, 64
+BATCH_DOCS, BATCH_CHARS, SAMPLE_DOCS = 256, 2 << 20, 64
 
 
 def token_dtype(vocab_size: int) -> np.dtype:

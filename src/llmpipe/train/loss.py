@@ -22,12 +22,17 @@ def lm_loss_sum(model, input_ids: torch.Tensor, labels: torch.Tensor) -> tuple[t
 
 
 @torch.no_grad()
-def dataset_loss(model, dataset, batch_size: int, device: torch.device, autocast_dtype=None) -> tuple[float, int]:
-    """Token-weighted mean loss over a whole view split, and the number of predicted tokens."""
+def dataset_loss(model, dataset, batch_size: int, device: torch.device, autocast_dtype=None,
+                 progress: str | None = None) -> tuple[float, int]:
+    """Token-weighted mean loss over a whole view split, and the number of predicted tokens
+    (with a progress bar named `progress`, if given)."""
+    from tqdm import tqdm
+
     was_training = model.training
     model.eval()
     total, count = torch.zeros((), dtype=torch.float64), 0
-    for start in range(0, len(dataset), batch_size):
+    starts = range(0, len(dataset), batch_size)
+    for start in tqdm(starts, desc=progress, unit=" batches", mininterval=10, disable=progress is None):
         batch = dataset[start : start + batch_size]
         with torch.autocast(device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
             loss, n = lm_loss_sum(model, batch["input_ids"].to(device), batch["labels"].to(device))

@@ -29,7 +29,7 @@ from llmpipe.train.schedule import lr_at
 log = logging.getLogger(__name__)
 
 # Keys that may change between a checkpoint and its resume without changing the result.
-RESUME_NEUTRAL = {"nproc", "threads", "log_interval", "save_interval", "eval_interval", "keep_checkpoints", "resume"}
+RESUME_NEUTRAL = {"nproc", "nnodes", "launcher", "threads", "log_interval", "save_interval", "eval_interval", "keep_checkpoints", "resume"}
 
 
 def fingerprint(cfg: dict, init_dir: Path, view_dir: Path) -> dict:

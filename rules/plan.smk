@@ -1,0 +1,23 @@
+# Plan before you spend: tokens counted after packing, steps, FLOPs, time, cost and memory per
+# hardware option -> {RUN}/plan.json + plan.md. Ready as soon as the view and the init checkpoint
+# are; `snakemake <results>/<run>/plan.json` stops there, before training.
+
+
+rule plan:
+    input:
+        view=f"{RUN}/data/views/hf",
+        init=f"{RUN}/checkpoints/init",
+        hardware=lambda wildcards: [config["plan"]["hardware_file"]] if config["plan"]["hardware_file"] else [],
+    output:
+        json=f"{RUN}/plan.json",
+        md=f"{RUN}/plan.md",
+    params:
+        cfg=cfg_json("run", "train", "plan"),
+    priority: 10
+    log:
+        f"{RUN}/logs/plan.log",
+    conda:
+        "../envs/torch.yaml"
+    shell:
+        "python -m llmpipe plan --config {params.cfg:q} --view {input.view} --model {input.init}"
+        " --out {output.json} --markdown {output.md} > {log} 2>&1"

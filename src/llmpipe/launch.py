@@ -1,0 +1,157 @@
+"""launch: start a training command as one process, N processes on this node, or one torchrun per
+node of a Slurm job, and exec it (the log shows the command).
+
+  python -m llmpipe launch [--nproc-per-node N] [--nnodes N] [--launcher auto|local|srun] [--dry-run] \\
+      -- -m llmpipe train --config ...
+
+  local, 1 process       python ARGS
+  local, N processes     torchrun --standalone --nproc_per_node N ARGS
+  srun (Slurm job)       srun --overlap --nodes K --ntasks K --ntasks-per-node 1 [--cpus-per-task C]
+                           python -m llmpipe launch --node-task ...    (one task per node), which runs
+                         torchrun --nnodes K --node_rank $SLURM_NODEID --nproc_per_node N
+                           --master_addr HEAD --master_port PORT ARGS
+  auto                   srun when --nnodes > 1 or the Slurm job has more than one node, else local.
+
+HEAD is the first host of the job's node list (`scontrol show hostnames`), PORT 29500 + job id % 1000
+unless --port. The job is read with `scontrol show job`, since Snakemake's job step drops most
+SLURM_* variables. torchrun is `python -m torch.distributed.run`, so it is always this interpreter's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+# Variables a nested srun may keep; the rest describe the enclosing step and would leak into ours.
+SRUN_KEEP = {"SLURM_JOB_ID", "SLURM_JOBID", "SLURM_CONF", "SLURM_CLUSTER_NAME"}
+
+
+class LaunchError(RuntimeError):
+    """The requested launch does not fit the environment (no Slurm job, wrong node count)."""
+
+
+@dataclass(frozen=True)
+class Allocation:
+    job_id: str
+    hosts: list[str]
+    cpus_per_task: int | None
+
+
+def parse_job(text: str) -> dict[str, str]:
+    """`scontrol show job -o ID` output as a dict (Key=Value tokens)."""
+    fields = {}
+    for token in text.split():
+        key, sep, value = token.partition("=")
+        if sep:
+            fields[key] = value
+    return fields
+
+
+def slurm_allocation(env: Mapping[str, str], run: Callable[[list[str]], str] | None = None) -> Allocation | None:
+    """The Slurm job this process runs in (None outside Slurm), asked of slurmctld."""
+    job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
+    if not job_id:
+        return None
+    run = run or (lambda cmd: subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    fields = parse_job(run(["scontrol", "show", "job", "-o", job_id]))
+    if "NodeList" not in fields:
+        raise LaunchError(f"`scontrol show job {job_id}` has no NodeList: {fields}")
+    hosts = run(["scontrol", "show", "hostnames", fields["NodeList"]]).split()
+    cpus = fields.get("CPUs/Task", "")
+    return Allocation(job_id, hosts, int(cpus) if cpus.isdigit() else None)
+
+
+def rdzv_port(job_id: str, port: int | None = None) -> int:
+    return port if port else 29500 + int(job_id) % 1000
+
+
+def local_command(args: list[str], nproc: int, python: str = sys.executable) -> list[str]:
+    if nproc == 1:
+        return [python, *args]
+    return [python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), *args]
+
+
+def srun_command(args: list[str], alloc: Allocation, nproc: int, port: int | None = None,
+                 python: str = sys.executable) -> list[str]:
+    """One task per node of the job, each running `launch --node-task` (which execs torchrun)."""
+    n = len(alloc.hosts)
+    cmd = ["srun", "--overlap", "--kill-on-bad-exit=1", f"--nodes={n}", f"--ntasks={n}", "--ntasks-per-node=1"]
+    if alloc.cpus_per_task:
+        cmd.append(f"--cpus-per-task={alloc.cpus_per_task}")
+    return cmd + [python, "-m", "llmpipe", "launch", "--node-task", "--nnodes", str(n), "--nproc-per-node", str(nproc),
+                  "--master", f"{alloc.hosts[0]}:{rdzv_port(alloc.job_id, port)}", "--", *args]
+
+
+def node_command(args: list[str], env: Mapping[str, str], nnodes: int, nproc: int, master: str,
+                 python: str = sys.executable) -> list[str]:
+    """torchrun for this node of an srun step; the node rank is the step's SLURM_NODEID."""
+    if "SLURM_NODEID" not in env:
+        raise LaunchError("--node-task runs inside `srun` (SLURM_NODEID is not set)")
+    host, _, port = master.rpartition(":")
+    return [python, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--node_rank", env["SLURM_NODEID"],
+            "--nproc_per_node", str(nproc), "--master_addr", host, "--master_port", port, *args]
+
+
+def srun_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment for a nested srun: the enclosing step's SLURM_*/SRUN_*/SBATCH_* settings removed."""
+    return {k: v for k, v in env.items()
+            if k in SRUN_KEEP or not k.startswith(("SLURM_", "SRUN_", "SBATCH_"))}
+
+
+def plan(args: list[str], nproc: int, nnodes: int, launcher: str, alloc: Allocation | None,
+         port: int | None = None, python: str = sys.executable) -> list[str]:
+    """The command to exec for `launcher` (auto, local, srun) given the Slurm job (or None)."""
+    if launcher not in ("auto", "local", "srun"):
+        raise LaunchError(f"unknown launcher {launcher!r}: auto, local or srun")
+    use_srun = launcher == "srun" or (launcher == "auto" and (nnodes > 1 or (alloc is not None and len(alloc.hosts) > 1)))
+    if not use_srun:
+        return local_command(args, nproc, python)
+    if alloc is None:
+        raise LaunchError(f"launching on {nnodes} node(s) with srun needs a Slurm job (SLURM_JOB_ID is not set); "
+                          "run under a Slurm profile, or set train.nnodes: 1 and train.launcher: local")
+    if len(alloc.hosts) != nnodes:
+        raise LaunchError(f"Slurm job {alloc.job_id} has {len(alloc.hosts)} node(s) ({','.join(alloc.hosts)}) "
+                          f"but {nnodes} were asked for (train.nnodes)")
+    return srun_command(args, alloc, nproc, port, python)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    split = argv.index("--") if "--" in argv else len(argv)
+    p = argparse.ArgumentParser(prog="llmpipe launch", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nproc-per-node", type=int, default=1)
+    p.add_argument("--nnodes", type=int, default=1, help="nodes expected (train.nnodes); checked against the Slurm job")
+    p.add_argument("--launcher", default="auto", choices=["auto", "local", "srun"])
+    p.add_argument("--port", type=int, default=None, help="rendezvous port (default 29500 + job id %% 1000)")
+    p.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
+    p.add_argument("--node-task", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--master", help=argparse.SUPPRESS)
+    opts = p.parse_args(argv[:split])
+    args = argv[split + 1:]
+    if not args:
+        raise SystemExit("llmpipe launch: give the python arguments after `--`, e.g. -- -m llmpipe train ...")
+    if opts.nproc_per_node < 1 or opts.nnodes < 1:
+        raise SystemExit("llmpipe launch: --nproc-per-node and --nnodes must be >= 1")
+    env = dict(os.environ)
+    try:
+        if opts.node_task:
+            cmd = node_command(args, env, opts.nnodes, opts.nproc_per_node, opts.master)
+        else:
+            alloc = None if opts.launcher == "local" else slurm_allocation(env)
+            cmd = plan(args, opts.nproc_per_node, opts.nnodes, opts.launcher, alloc, opts.port)
+            if cmd[0] == "srun":
+                env = srun_env(env)
+    except (LaunchError, subprocess.CalledProcessError) as exc:
+        detail = f": {exc.stderr.strip()}" if isinstance(exc, subprocess.CalledProcessError) else ""
+        raise SystemExit(f"llmpipe launch: {exc}{detail}") from None
+    if opts.dry_run:
+        print(shlex.join(cmd))
+        return
+    print(f"llmpipe launch: {shlex.join(cmd)}", file=sys.stderr, flush=True)
+    os.execvpe(cmd[0], cmd, env)

@@ -1,0 +1,138 @@
+"""report: the items `snakemake --report` shows: loss and learning-rate curves (PNG, from
+metrics.jsonl) and HTML tables of the data statistics, the plan and the evaluation.
+
+  llmpipe report --metrics M --stats S --plan P --eval E --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import logging
+from pathlib import Path
+
+from llmpipe.io import atomic_path
+from llmpipe.plan import HARDWARE_HEADER, hardware_rows, summary_rows
+
+log = logging.getLogger(__name__)
+
+STYLE = ("<style>body{font-family:sans-serif;font-size:14px}table{border-collapse:collapse;margin:8px 0}"
+         "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;vertical-align:top}th{background:#f4f4f4}"
+         ".warn{color:#a00}</style>")
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    recs = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    if not recs:
+        raise ValueError(f"{path} has no metrics")
+    return recs
+
+
+def plot(recs: list[dict], loss_png: str | Path, lr_png: str | Path, title: str = "") -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [r["step"] for r in recs]
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    ax.plot(steps, [r["loss"] for r in recs], lw=1, label="train loss")
+    val = [r for r in recs if "val_loss" in r]
+    if val:
+        ax.plot([r["step"] for r in val], [r["val_loss"] for r in val], "o-", label="val loss")
+    ax.set(xlabel="step", ylabel="loss (nats/token)", title=f"loss {title}".strip())
+    ax.grid(alpha=0.3)
+    ax.legend()
+    _save(fig, loss_png)
+    fig, ax = plt.subplots(figsize=(7, 3), dpi=100)
+    ax.plot(steps, [r["lr"] for r in recs], lw=1)
+    ax.set(xlabel="step", ylabel="learning rate", title=f"learning rate {title}".strip())
+    ax.grid(alpha=0.3)
+    _save(fig, lr_png)
+
+
+def _save(fig, path) -> None:
+    import matplotlib.pyplot as plt
+
+    with atomic_path(path) as tmp:
+        fig.tight_layout()
+        fig.savefig(tmp, format="png")
+    plt.close(fig)
+
+
+def _table(rows, header=None) -> str:
+    esc = lambda v: html.escape(str(v))  # noqa: E731
+    head = "<tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>" if header else ""
+    body = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in rows)
+    return f"<table>{head}{body}</table>"
+
+
+def _page(title: str, body: str) -> str:
+    return f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>{STYLE}</head><body>{body}</body></html>\n"
+
+
+def _write(path, text: str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+
+
+def data_page(stats: dict) -> str:
+    read, tok = stats["read"], stats["tokens"]
+    facts = [("documents read", f"{read['documents']:,} ({read['bytes']:,} bytes of text)"),
+             ("documents train / val", f"{stats['documents']['train']:,} / {stats['documents']['val']:,}"),
+             ("tokens train / val", f"{tok['train']:,} / {tok['val']:,}"),
+             ("skipped records", f"{read['skipped_total']:,} {read['skipped'] or ''}"),
+             ("tokenizer", f"vocab {stats['tokenizer']['vocab_size']:,}, sha256 {stats['tokenizer']['sha256'][:16]}")]
+    views = []
+    for fmt, v in stats.get("views", {}).items():
+        for split in ("train", "val"):
+            if split in v:
+                s = v[split]
+                views.append((fmt, split, f"{s['rows']:,}", f"{s['tokens_in']:,}", f"{s['tokens_packed']:,}",
+                              f"{s['dropped_tokens']:,}", f"{s['padded_tokens']:,}", s["remainder"]))
+    body = ("<h3>Data</h3>" + _table(facts) + "<h4>Views</h4>"
+            + _table(views, ("view", "split", "rows", "tokens in", "tokens packed", "dropped", "padded", "remainder"))
+            + "<details><summary>stats.json</summary><pre>" + html.escape(json.dumps(stats, indent=1)) + "</pre></details>")
+    return _page("data statistics", body)
+
+
+def plan_page(plan: dict) -> str:
+    warn = "".join(f"<li class='warn'>{html.escape(w)}</li>" for w in plan["warnings"])
+    body = (f"<h3>Plan for run {html.escape(plan['run'])}</h3>" + _table(summary_rows(plan))
+            + _table(hardware_rows(plan), HARDWARE_HEADER)
+            + (f"<h4>Warnings</h4><ul>{warn}</ul>" if warn else "")
+            + "<h4>Assumptions</h4><ul>" + "".join(f"<li>{html.escape(a)}</li>" for a in plan["assumptions"]) + "</ul>")
+    return _page("plan", body)
+
+
+def eval_page(ev: dict, recs: list[dict]) -> str:
+    last = recs[-1]
+    rows = [("val loss", f"{ev['val_loss']:.4f}"), ("perplexity", f"{ev['perplexity']:.2f}"),
+            ("predicted tokens", f"{ev['tokens']:,}"), ("sequences", f"{ev['sequences']:,}"),
+            ("model", ev["model"]), ("data", ev["data"]),
+            ("training", f"{last['step']:,} steps, {last['tokens']:,} tokens, {last['epoch']:.3g} epochs, "
+                         f"final train loss {last['loss']:.4f}")]
+    return _page("evaluation", "<h3>Evaluation</h3>" + _table(rows))
+
+
+def build(metrics, stats, plan, eval_json, out_dir) -> None:
+    out = Path(out_dir)
+    recs = read_metrics(metrics)
+    plan_d = json.loads(Path(plan).read_text())
+    plot(recs, out / "loss.png", out / "lr.png", f"(run {plan_d['run']})")
+    _write(out / "data.html", data_page(json.loads(Path(stats).read_text())))
+    _write(out / "plan.html", plan_page(plan_d))
+    _write(out / "eval.html", eval_page(json.loads(Path(eval_json).read_text()), recs))
+    log.info("report items -> %s", out)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="llmpipe report", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--metrics", required=True, help="train/metrics.jsonl")
+    p.add_argument("--stats", required=True, help="data/stats.json")
+    p.add_argument("--plan", required=True, help="plan.json")
+    p.add_argument("--eval", required=True, help="eval.json")
+    p.add_argument("--out", required=True, help="folder for loss.png, lr.png, data.html, plan.html, eval.html")
+    args = p.parse_args(argv)
+    build(args.metrics, args.stats, args.plan, args.eval, args.out)

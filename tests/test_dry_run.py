@@ -1,0 +1,80 @@
+"""Every profile dry-runs offline, and the DAG renders (mermaid always, SVG where Graphviz is installed)."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+SKIP = shutil.ignore_patterns("results", ".snakemake", ".git", "__pycache__", "*.egg-info", ".pytest_cache")
+PROFILES = sorted(p.name for p in (REPO / "profiles").iterdir() if (p / "config.v8+.yaml").is_file())
+# Any HTTP(S) call fails fast through a dead proxy; where network namespaces work, there is no network at all.
+OFFLINE_ENV = {**os.environ, "HTTP_PROXY": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9",
+               "http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9", "NO_PROXY": "",
+               "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+def _no_network_prefix() -> list[str]:
+    for prefix in (["unshare", "-n"], ["unshare", "-rn"]):
+        try:
+            if subprocess.run([*prefix, "true"], capture_output=True, timeout=10).returncode == 0:
+                return prefix
+        except (FileNotFoundError, subprocess.TimeoutExpired):
+            pass
+    return []
+
+
+NO_NETWORK = _no_network_prefix()
+
+
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory):
+    work = tmp_path_factory.mktemp("dry") / "repo"
+    shutil.copytree(REPO, work, ignore=SKIP)
+    return work
+
+
+@pytest.fixture(scope="module")
+def dry_runs(tmp_path_factory):
+    """All profiles' dry runs at once, each in its own copy (under a network namespace the Slurm
+    plugin's scontrol query at import waits ~10 s for its timeout; in parallel that is paid once)."""
+    procs = {}
+    for profile in PROFILES:
+        work = tmp_path_factory.mktemp(f"dry-{profile}") / "repo"
+        shutil.copytree(REPO, work, ignore=SKIP)
+        procs[profile] = subprocess.Popen(
+            [*NO_NETWORK, sys.executable, "-m", "snakemake", "-n", "--profile", f"profiles/{profile}"], cwd=work,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=OFFLINE_ENV)
+    return {profile: (proc, *proc.communicate(timeout=300)) for profile, proc in procs.items()}
+
+
+def test_profiles_are_discovered():
+    assert "local" in PROFILES, PROFILES
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_dry_run_offline(dry_runs, profile):
+    proc, out, err = dry_runs[profile]
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    for rule in ("get_data", "tokenize", "pack_view", "plan", "export_hf", "evaluate", "report_items"):
+        assert f"rule {rule}:" in out, (profile, rule)
+    assert "This was a dry-run" in out + err
+
+
+def test_dag_script_writes_mermaid_and_svg(checkout, tmp_path):
+    proc = subprocess.run(["bash", "scripts/dag.sh", str(tmp_path)], cwd=checkout, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rulegraph = (tmp_path / "rulegraph.mmd").read_text()
+    assert "flowchart" in rulegraph
+    for rule in ("get_data", "tokenize", "train_torch", "plan", "report_items"):
+        assert f"[{rule}]" in rulegraph, rule
+    dag = (tmp_path / "dag.mmd").read_text()
+    assert dag.count("[tokenize - index:") == 2  # one node per shard job (data.num_shards: 2)
+    if not shutil.which("dot"):
+        pytest.skip("Graphviz's dot is not installed: mermaid only (apt-get install graphviz for SVG)")
+    svg = (tmp_path / "dag.svg").read_text()
+    assert "<svg" in svg and "plan" in svg and "train_torch" in svg

@@ -1,0 +1,316 @@
+"""A real single-node Slurm cluster (scripts/slurm-local-start.sh): the pipeline with every job through
+sbatch, a failing job retried, a training job killed by scancel resuming bit-exactly, 1 node x 2
+processes through srun + torchrun, impossible requests refused at submit, the cluster profiles'
+resources. Every snakemake call runs under `timeout -k`."""
+
+import collections
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from safetensors.torch import load_file
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.slurm
+
+STATE = Path(os.environ.get("LLMPIPE_SLURM_DIR", "/tmp/llmpipe-slurm"))
+SKIP = shutil.ignore_patterns("results", ".snakemake", ".git", "__pycache__", "*.egg-info", ".pytest_cache")
+FINAL = "results/default/checkpoints/torch/final"  # the training rule's output, as a target
+FUTURE_TRAIN_RULES = {"train_neuron", "train_colossal"}  # backends the cluster profiles already size
+
+
+def snakemake(cwd, *args, profile="slurm-local", timeout=600, env=None):
+    cmd = ["timeout", "-k", "10", str(timeout), sys.executable, "-m", "snakemake", "--profile", f"profiles/{profile}",
+           *args]
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env={**os.environ, **(env or {})})
+
+
+def cluster_up() -> bool:
+    try:
+        return "UP" in subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@pytest.fixture(scope="session")
+def slurm():
+    """The local cluster, installed and started if needed; stopped at the end if this session started it.
+    Under CI (CI set) a cluster that cannot start fails the tests instead of skipping them."""
+    def unavailable(msg):
+        (pytest.fail if os.environ.get("CI") else pytest.skip)(f"local Slurm cluster unavailable: {msg}")
+
+    if os.geteuid() != 0:
+        unavailable("scripts/slurm-local-start.sh needs root")
+    was_up = cluster_up()
+    proc = subprocess.run([str(REPO / "scripts" / "slurm-local-start.sh")], capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        unavailable(proc.stderr[-3000:])
+    yield STATE
+    if not was_up:
+        subprocess.run([str(REPO / "scripts" / "slurm-local-stop.sh")], capture_output=True, timeout=120)
+
+
+def run_id(output: str) -> str:
+    """The SLURM run ID Snakemake printed: the name of every Slurm job of that run."""
+    ids = re.findall(r"SLURM run ID: (\S+)", output)
+    assert len(ids) == 1, output[-3000:]
+    return ids[0]
+
+
+def jobcomp(name: str) -> list[dict]:
+    """Finished jobs of one Snakemake run (job name = its SLURM run ID) from the cluster's job log."""
+    jobs = []
+    for line in (STATE / "jobcomp.log").read_text().splitlines():
+        fields = dict(tok.split("=", 1) for tok in line.split() if "=" in tok)
+        if fields.get("Name") == name:
+            jobs.append(fields)
+    return sorted(jobs, key=lambda j: int(j["JobId"]))
+
+
+def slurm_logs(workdir: Path) -> dict[str, tuple[str, str]]:
+    """Slurm job id -> (rule, wildcards) from .snakemake/slurm_logs/rule_<rule>/[<wildcards>/]<jobid>.log."""
+    root = workdir / ".snakemake" / "slurm_logs"
+    out = {}
+    for log in root.rglob("*.log"):
+        parts = log.relative_to(root).parts
+        out[log.stem] = (parts[0].removeprefix("rule_"), "/".join(parts[1:-1]))
+    return out
+
+
+def dry_run_jobs(stdout: str) -> list[tuple[str, dict, int]]:
+    """(rule, resources, threads) of every job a dry run lists."""
+    jobs = []
+    for block in re.split(r"\n(?=rule \w+:)", stdout):
+        m = re.match(r"rule (\w+):", block)
+        if not m:
+            continue
+        res = re.search(r"\n\s+resources: (.*)", block)
+        threads = re.search(r"\n\s+threads: (\d+)", block)
+        resources = dict(kv.split("=", 1) for kv in res.group(1).split(", ")) if res else {}
+        jobs.append((m.group(1), resources, int(threads.group(1)) if threads else 1))
+    return jobs
+
+
+def overlay(workdir: Path, name: str, data: dict) -> str:
+    path = workdir / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def pipeline(slurm, tmp_path_factory):
+    """The embedded default through profiles/slurm-local (every job via sbatch), run once."""
+    work = tmp_path_factory.mktemp("slurm") / "repo"
+    shutil.copytree(REPO, work, ignore=SKIP)
+    plan = snakemake(work, "-n", timeout=120)
+    assert plan.returncode == 0, plan.stderr[-3000:]
+    started = time.perf_counter()
+    proc = snakemake(work, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
+    run = work / "results" / "default"
+    return {"work": work, "run": run, "proc": proc, "plan": dry_run_jobs(plan.stdout),
+            "seconds": time.perf_counter() - started,
+            "metrics": [json.loads(x) for x in (run / "train" / "metrics.jsonl").read_text().splitlines()]}
+
+
+def test_pipeline_runs_one_slurm_job_per_rule_instance(pipeline):
+    work, run = pipeline["work"], pipeline["run"]
+    print(f"slurm-local pipeline: {pipeline['seconds']:.0f} s")
+    assert (run / "eval.json").is_file() and (run / "hf" / "model.safetensors").is_file()
+    jobs = jobcomp(run_id(pipeline["proc"].stdout + pipeline["proc"].stderr))
+    all_logs = slurm_logs(work)
+    assert all(j["JobId"] in all_logs for j in jobs), (jobs, all_logs)
+    logs = {j["JobId"]: all_logs[j["JobId"]] for j in jobs}
+    assert all(j["JobState"] == "COMPLETED" and j["NodeList"] == "localhost" and j["WorkDir"] == str(work)
+               for j in jobs), jobs
+    # exactly the jobs the dry run planned (all of them remote: no local rule but `all`)
+    expected = collections.Counter(rule for rule, _, _ in pipeline["plan"] if rule != "all")
+    assert collections.Counter(rule for rule, _ in logs.values()) == expected
+    shards = sorted(wc for rule, wc in logs.values() if rule == "tokenize")
+    assert len(shards) == 2 and len(set(shards)) == 2, shards  # the scatter: one Slurm job per shard
+    # the profile's resources reached sbatch: train_torch mem 4000 MB / 60 min, 2 CPUs (= threads)
+    train = [j for j in jobs if logs[j["JobId"]][0] == "train_torch"]
+    assert len(train) == 1 and train[0]["TimeLimit"] == "60", train
+    assert train[0]["Tres"].startswith("cpu=2,mem=4000M,node=1"), train
+
+
+def test_failing_job_is_retried(slurm, pipeline, tmp_path):
+    marker = tmp_path / "failed-once"
+    proc = snakemake(pipeline["work"], "results/retry/data/sources.json", "--config", "run=retry", timeout=300,
+                     env={"LLMPIPE_FAIL_ONCE": f"get-data:{marker}"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert marker.exists() and "Trying to restart job" in proc.stdout + proc.stderr
+    jobs = jobcomp(run_id(proc.stdout + proc.stderr))
+    assert [(j["JobState"], j["ExitCode"]) for j in jobs] == [("FAILED", "1:0"), ("COMPLETED", "0:0")], jobs
+    first = slurm_logs(pipeline["work"])[jobs[0]["JobId"]]
+    assert first == ("get_data", "")
+    assert json.loads((pipeline["work"] / "results" / "retry" / "data" / "sources.json").read_text())
+
+
+@pytest.mark.parametrize("resources, message", [
+    ({"cpus_per_task": 64}, "More processors requested than permitted"),
+    ({"mem_mb": 100_000_000}, "Memory specification can not be satisfied"),
+    ({"gres": "gpu:8"}, "Requested node configuration is not available"),  # the node has 2 (fake) GPUs
+])
+def test_impossible_request_fails_at_submit(slurm, pipeline, resources, message):
+    cfg = overlay(pipeline["work"], "impossible", {"run": "impossible", "resources": {"default": resources}})
+    started = time.perf_counter()
+    proc = snakemake(pipeline["work"], "results/impossible/data/sources.json", "--configfile", cfg, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode not in (0, 124, 137), out[-3000:]
+    assert "SLURM sbatch failed" in out and message in out, out[-3000:]
+    assert time.perf_counter() - started < 90  # refused at once, not left pending
+
+
+def test_one_node_two_processes_through_srun_and_torchrun(slurm, pipeline):
+    """The multi-node launch path on the one node: srun, one task per node, torchrun with the job's
+    head node and port; 2 gloo processes give the 1-process losses (warmup steps share their LR)."""
+    work, run = pipeline["work"], pipeline["run"]
+    shutil.rmtree(run / "checkpoints" / "torch", ignore_errors=True)
+    cfg = overlay(work, "srun", {"train": {"nproc": 2, "threads": 1, "launcher": "srun", "max_steps": 12},
+                                 "resources": {"train": {"mem_mb": 3000, "runtime": 20}}})
+    proc = snakemake(work, FINAL, "--configfile", cfg, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (job,) = jobcomp(run_id(proc.stdout + proc.stderr))
+    assert job["JobState"] == "COMPLETED" and job["TimeLimit"] == "20" and job["Tres"].startswith("cpu=2,mem=3000M")
+    log = (run / "logs" / "train_torch.log").read_text()
+    port = 29500 + int(job["JobId"]) % 1000
+    assert ("srun --overlap --kill-on-bad-exit=1 --nodes=1 --ntasks=1 --ntasks-per-node=1 --cpus-per-task=2 "
+            in log), log[:3000]
+    assert (f"-m torch.distributed.run --nnodes 1 --node_rank 0 --nproc_per_node 2 --master_addr localhost "
+            f"--master_port {port} -m llmpipe train" in log), log[:3000]
+    assert "world 2," in log
+    summary = json.loads((run / "checkpoints" / "torch" / "final" / "train_summary.json").read_text())
+    assert summary["world_size"] == 2
+    two = [json.loads(x) for x in (run / "train" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in two] == list(range(1, 13))
+    for r2, r1 in zip(two[:10], pipeline["metrics"][:10]):
+        assert r2["loss"] == pytest.approx(r1["loss"], abs=1e-4), r1["step"]
+
+
+def test_scancel_mid_training_is_retried_and_resumes_bit_exactly(slurm, pipeline, tmp_path):
+    """scancel of the running training job: Snakemake resubmits it (retries), it resumes from its newest
+    complete checkpoint, and the final weights equal an uninterrupted run's (the CLI, no Slurm), bit for bit."""
+    work, run = pipeline["work"], pipeline["run"]
+    ckpts = run / "checkpoints" / "torch"
+    shutil.rmtree(ckpts, ignore_errors=True)
+    train = {"max_steps": 40, "save_interval": 5}
+    cfg = overlay(work, "cancel", {"train": train})
+    cmd = ["timeout", "-k", "10", "600", sys.executable, "-m", "snakemake", "--profile", "profiles/slurm-local", FINAL,
+           "--configfile", cfg]
+    with subprocess.Popen(cmd, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as sm:
+        try:
+            deadline = time.time() + 300
+            while not list(ckpts.glob("step_*/done")):
+                assert sm.poll() is None and time.time() < deadline, "no checkpoint before the training ended"
+                time.sleep(0.1)
+            running = subprocess.run(["squeue", "-h", "-t", "R", "-o", "%i|%k|%Z"], capture_output=True,
+                                     text=True).stdout
+            (job_id,) = [line.split("|")[0] for line in running.splitlines()
+                         if line.split("|")[1:] == ["rule_train_torch", str(work)]]
+            subprocess.run(["scancel", job_id], check=True)
+            out, _ = sm.communicate(timeout=660)
+        except BaseException:
+            sm.terminate()  # timeout passes SIGTERM on; Snakemake then cancels its Slurm jobs
+            raise
+    assert sm.returncode == 0, out[-5000:]
+    jobs = jobcomp(run_id(out))
+    assert [(j["JobId"] == job_id, j["JobState"]) for j in jobs] == [(True, "CANCELLED"), (False, "COMPLETED")]
+    resumed = re.findall(r"resumed from \S+step_(\d+) \(step (\d+)\)", (run / "logs" / "train_torch.log").read_text())
+    assert len(resumed) == 1 and 5 <= int(resumed[0][1]) < 40, resumed
+
+    # the same training, uninterrupted, straight from the CLI
+    base = yaml.safe_load((work / "config" / "config.yaml").read_text())
+    config = {**base, "train": {**base["train"], **train}}
+    ref = tmp_path / "ref"
+    subprocess.run([sys.executable, "-m", "llmpipe", "train", "--config", json.dumps(config),
+                    "--init", str(run / "checkpoints" / "init"), "--data", str(run / "data" / "views" / "hf"),
+                    "--checkpoints", str(ref / "ckpt"), "--metrics", str(ref / "metrics.jsonl"), "--out",
+                    str(ref / "final")], cwd=work, check=True, capture_output=True, timeout=600)
+    expected = load_file(str(ref / "final" / "model.safetensors"))
+    weights = load_file(str(ckpts / "final" / "model.safetensors"))
+    assert weights.keys() == expected.keys()
+    for key, value in expected.items():
+        assert weights[key].equal(value), key
+    losses = lambda path: [json.loads(x)["loss"] for x in path.read_text().splitlines()]
+    assert losses(run / "train" / "metrics.jsonl") == losses(ref / "metrics.jsonl")
+
+
+def test_more_nodes_than_the_cluster_has_fails_at_submit(slurm, pipeline):
+    cfg = overlay(pipeline["work"], "nodes", {"train": {"nnodes": 2, "threads": 1}})  # 2 CPUs: only nodes are short
+    proc = snakemake(pipeline["work"], FINAL, "--configfile", cfg, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode not in (0, 124, 137) and "Node count specification invalid" in out, out[-3000:]
+    assert "--nodes=2" in out and "--ntasks=2" in out  # one launcher task per node
+
+
+# --- the cluster profiles, dry run (no cluster needed) ---
+
+
+def profile_rules(profile: str) -> set[str]:
+    spec = yaml.safe_load((REPO / "profiles" / profile / "config.v8+.yaml").read_text())
+    return set(spec.get("set-resources", {})) | set(spec.get("set-threads", {}))
+
+
+@pytest.mark.parametrize("profile", ["slurm-local", "slurm-trn1", "gpu-colossal"])
+def test_profiles_only_size_rules_that_exist(profile):
+    """Snakemake ignores set-resources for unknown rules: a renamed rule must not silently lose its resources."""
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "--list-rules"], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    rules = set(proc.stdout.split())
+    assert profile_rules(profile) - rules - FUTURE_TRAIN_RULES == set()
+
+
+def test_trn1_profile_resources_per_rule_and_config_overrides(tmp_path):
+    proc = snakemake(REPO, "-n", "--cores", "1024", "--config", f"results_dir={tmp_path}", profile="slurm-trn1",
+                     timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    jobs = dry_run_jobs(proc.stdout)
+    (train,) = [r for rule, r, _ in jobs if rule == "train_torch"]
+    assert {k: train[k] for k in ("nodes", "tasks", "cpus_per_task", "mem_mb", "runtime", "slurm_extra")} == {
+        "nodes": "1", "tasks": "1", "cpus_per_task": "128", "mem_mb": "480000", "runtime": "4320",
+        "slurm_extra": "--exclusive"}
+    tokenize = [(r, t) for rule, r, t in jobs if rule == "tokenize"]
+    assert len(tokenize) == 2 and all(t == 4 and r["mem_mb"] == "16000" and r["runtime"] == "240" for r, t in tokenize)
+
+    over = tmp_path / "o.yaml"
+    over.write_text(yaml.safe_dump({"train": {"nnodes": 4, "nproc": 32},
+                                    "resources": {"default": {"slurm_partition": "trn1"}, "train": {"runtime": 600},
+                                                  "tokenize": {"mem_mb": 4000}}}))
+    proc = snakemake(REPO, "-n", "-p", "--cores", "1024", "--config", f"results_dir={tmp_path}", "--configfile",
+                     str(over), profile="slurm-trn1", timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    jobs = dry_run_jobs(proc.stdout)
+    (train,) = [r for rule, r, _ in jobs if rule == "train_torch"]
+    assert (train["nodes"], train["tasks"], train["runtime"], train["cpus_per_task"], train["slurm_partition"]) == (
+        "4", "4", "600", "128", "trn1")
+    assert all(r["mem_mb"] == "4000" and r["slurm_partition"] == "trn1" for rule, r, _ in jobs if rule == "tokenize")
+    assert "launch --nproc-per-node 32 --nnodes 4 --launcher auto -- -m llmpipe train" in proc.stdout
+
+
+def test_gpu_colossal_profile_requests_gpus_per_node(tmp_path):
+    proc = snakemake(REPO, "-n", "--cores", "1024", "--config", f"results_dir={tmp_path}", profile="gpu-colossal",
+                     timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    jobs = {rule: r for rule, r, _ in dry_run_jobs(proc.stdout)}
+    train = jobs["train_torch"]
+    assert {k: train[k] for k in ("gres", "tasks_per_gpu", "cpus_per_task", "mem_mb", "slurm_extra")} == {
+        "gres": "gpu:8", "tasks_per_gpu": "0", "cpus_per_task": "96", "mem_mb": "1000000", "slurm_extra": "--exclusive"}
+    assert jobs["evaluate"]["gres"] == "gpu:1" and "gres" not in jobs["tokenize"]
+
+
+def test_unknown_rule_in_resources_is_named(tmp_path):
+    over = tmp_path / "o.yaml"
+    over.write_text("resources: {tokenise: {mem_mb: 10}}\n")
+    proc = snakemake(REPO, "-n", "--configfile", str(over), "--config", f"results_dir={tmp_path}",
+                     profile="slurm-trn1", timeout=120)
+    assert proc.returncode != 0
+    assert "unknown rule(s) under 'resources': tokenise" in proc.stdout + proc.stderr
