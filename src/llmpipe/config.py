@@ -6,7 +6,6 @@ import copy
 import difflib
 import json
 from pathlib import Path
-from typing import Any
 
 import jsonschema
 import yaml

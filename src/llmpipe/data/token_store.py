@@ -12,7 +12,6 @@ import hashlib
 import json
 import logging
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 from safetensors import safe_open
@@ -89,10 +88,6 @@ class SplitStream:
             a = int(self.starts[i] + hi)
             i += 1
         return np.concatenate(parts) if parts else np.zeros(0, np.int64)
-
-    def chunks(self, size: int = 1 << 22) -> Iterator[np.ndarray]:
-        for a in range(0, self.size, size):
-            yield self.read(a, min(a + size, self.size))
 
     def doc_starts(self) -> np.ndarray:
         """Stream positions where each document begins (all shards)."""

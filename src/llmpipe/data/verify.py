@@ -94,11 +94,11 @@ def check_tokenization(store: TokenStore, tokenizer_dir: Path, data_cfg: dict, s
     checked = 0
     for shard, entry in enumerate(store.manifest["shards"]):
         plan = assign(sources, data_cfg["num_shards"], shard)
-        with safe_open(str(store.root / entry["file"]), framework="numpy") as f:
-            index = {}
-            for split in SPLITS:
-                offs, ids, toks = (f.get_tensor(f"{split}.{k}") for k in ("offsets", "doc_ids", "tokens"))
-                index.update({int(d): (toks, offs[i], offs[i + 1]) for i, d in enumerate(ids)})
+        f = safe_open(str(store.root / entry["file"]), framework="numpy")
+        index = {}  # doc id -> (tokens slice of its split, start, end); tokens are read per document
+        for split in SPLITS:
+            offs, ids, toks = f.get_tensor(f"{split}.offsets"), f.get_tensor(f"{split}.doc_ids"), f.get_slice(f"{split}.tokens")
+            index.update({int(d): (toks, int(offs[i]), int(offs[i + 1])) for i, d in enumerate(ids)})
         texts = []
         for s_idx, source in plan.sources:
             for r_idx, text in documents(source, data_cfg, ReadStats(), plan.keep):
