@@ -20,6 +20,7 @@ include: f"rules/train_{BACKEND}.smk"
 include: "rules/export.smk"
 include: "rules/plan.smk"
 include: "rules/report.smk"
+include: "rules/hub.smk"
 
 
 apply_config_resources()
@@ -32,4 +33,5 @@ rule all:
         f"{RUN}/eval.json",
         f"{RUN}/plan.json",
         rules.report_items.output,
+        [f"{RUN}/release.json"] if config["hub"]["release"]["enabled"] else [],
     default_target: True

@@ -7,7 +7,9 @@ sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
 from llmpipe import backends
 from llmpipe.config import ConfigError, validate
+from llmpipe.data.mixture import paths as source_paths
 from llmpipe.data.readers import HF_PREFIX
+from llmpipe.hub import is_hub_ref
 from llmpipe.data.sources import expand_sources
 
 try:
@@ -43,15 +45,39 @@ def cfg_json(*keys):
 def corpus_files(wildcards):
     """Local corpus files (globs expanded), so editing one reruns get_data. URLs and hf: datasets are
     not listed (no network at parse time): get_data fingerprints them (ETag / size) instead."""
-    local = [s for s in config["data"]["sources"] if not s.startswith(HF_PREFIX) and "://" not in s]
-    return expand_sources(local)
+    local = [s for s in source_paths(config["data"]["sources"]) if not s.startswith(HF_PREFIX) and "://" not in s]
+    made = [s for s in local if s in HUB_DATASETS.values()]  # rule download_dataset writes these
+    return made + expand_sources([s for s in local if s not in made])
 
 
 def tokenizer_inputs(wildcards):
     """Training a tokenizer reads the sources; copying a local one reads its tokenizer.json."""
     if config["tokenizer"]["source"] == "train":
         return [f"{RUN}/data/sources.json"]
+    if Path(config["tokenizer"]["source"]) == Path(HUB_BASE):  # the downloaded base model's own tokenizer
+        return [HUB_BASE]
     return [f"{config['tokenizer']['source']}/tokenizer.json"]
+
+
+# Hub inputs (rules/hub.smk): a Hub id in model.init_from is downloaded to HUB_BASE first; hub.datasets
+# are materialised as Parquet files (list those paths in data.sources).
+HUB_BASE = f"{RUN}/checkpoints/base"
+HUB_DATASETS = {d["name"]: f"{RUN}/data/hub/{d['name']}.parquet" for d in config["hub"]["datasets"]}
+
+
+def init_from():
+    """model.init_from as init_model reads it: the downloaded folder for a Hub id."""
+    base = config["model"]["init_from"]
+    return HUB_BASE if is_hub_ref(base) else base
+
+
+def init_cfg_json(*keys):
+    """cfg_json with model.init_from replaced by the folder init_model loads."""
+    text = json.loads(cfg_json(*keys)(None))
+    if "model" in text and text["model"].get("init_from"):
+        text["model"]["init_from"] = init_from()
+    text = json.dumps(text, sort_keys=True)
+    return lambda wildcards: text
 
 
 def base_model_files(wildcards):
@@ -59,6 +85,8 @@ def base_model_files(wildcards):
     base = config["model"]["init_from"]
     if not base:
         return []
+    if is_hub_ref(base):
+        return [HUB_BASE]
     weights = sorted(str(p) for p in Path(base).glob("*.safetensors")) or sorted(str(p) for p in Path(base).glob("*.bin"))
     return [f"{base}/config.json", *weights]
 

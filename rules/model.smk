@@ -8,7 +8,7 @@ rule init_model:
     output:
         directory(f"{RUN}/checkpoints/init"),
     params:
-        cfg=cfg_json("model", "train.seq_len", "train.seed"),
+        cfg=init_cfg_json("model", "train.seq_len", "train.seed"),
     log:
         f"{RUN}/logs/init_model.log",
     conda:

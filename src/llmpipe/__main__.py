@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import importlib
 import logging
 import os
+import re
 import sys
 
 COMMANDS = {
@@ -22,6 +24,20 @@ COMMANDS = {
     "check-config": "llmpipe.check_config",
     "plan": "llmpipe.plan",
     "report": "llmpipe.report",
+    "train-colossal": "llmpipe.backends.colossal.train",
+    "download-model": "llmpipe.hub.download",
+    "download-dataset": "llmpipe.hub.datasets",
+    "model-card": "llmpipe.hub.card",
+    "release": "llmpipe.hub.release",
+    "sagemaker-upload": "llmpipe.backends.sagemaker.upload",
+    "sagemaker-train": "llmpipe.backends.sagemaker.jobs",
+    "levanter-cache": "llmpipe.backends.levanter.cache",
+    "levanter-config": "llmpipe.backends.levanter.config",
+    "levanter-train": "llmpipe.backends.levanter.train",
+    "neuron-shard": "llmpipe.backends.neuron.shard",
+    "neuron-merge": "llmpipe.backends.neuron.merge",
+    "neuron-precompile": "llmpipe.backends.neuron.precompile",
+    "neuron-train": "llmpipe.backends.neuron.commands",
 }
 
 
@@ -46,7 +62,46 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(0 if argv and argv[0] in ("-h", "--help") else 2)
     fail_once(argv[0])
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    importlib.import_module(COMMANDS[argv[0]]).main(argv[1:])
+    try:
+        importlib.import_module(COMMANDS[argv[0]]).main(argv[1:])
+    except Exception as exc:
+        message = storage_error(exc, argv)
+        if message is None or os.environ.get("LLMPIPE_DEBUG"):
+            raise
+        print(f"llmpipe {argv[0]}: error: {message}", file=sys.stderr)
+        sys.exit(1)
+
+
+STORAGE_ERRNOS = {
+    errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
+    errno.EACCES: "permission denied", errno.EPERM: "operation not permitted", errno.EROFS: "read-only file system",
+}
+# Libraries that lose the errno on a failed write (torch.save: "file write failed").
+WRITE_FAILED = ("No space left on device", "file write failed", "Disk quota exceeded")
+OUTPUT_FLAGS = ("--out", "--checkpoints", "--metrics", "--markdown")
+
+
+def storage_error(exc: BaseException, argv: list[str]) -> str | None:
+    """One line for a disk-full or permission error anywhere in `exc`'s chain, naming the path
+    (the error's own, else the command's output paths); None for any other error."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in STORAGE_ERRNOS:
+            what = STORAGE_ERRNOS[exc.errno]
+            path = exc.filename or exc.filename2
+            break
+        if any(text in str(exc) for text in WRITE_FAILED):
+            what, path = "write failed (disk full?)", None
+            break
+        exc = exc.__cause__ or exc.__context__
+    else:
+        return None
+    outputs = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a in OUTPUT_FLAGS]
+    where = re.sub(r"/\.([^/]+)\.tmp-\d+(?=/|$)", r"/\1", str(path)) if path else " / ".join(outputs) or os.getcwd()
+    full = what in ("no space left on device", "disk quota exceeded") or what.startswith("write failed")
+    hint = "free space there or choose another results_dir" if full else "check that folder's owner, mode and mount, or choose another results_dir"
+    return f"{what}: {where} ({hint})"
 
 
 if __name__ == "__main__":

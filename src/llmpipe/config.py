@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 import difflib
 import json
+import math
+import re
 from pathlib import Path
 
 import jsonschema
@@ -34,7 +36,21 @@ def _with_defaults(validator_class):
     return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
 
 
-_Validator = _with_defaults(jsonschema.Draft202012Validator)
+def _is_integer(checker, value) -> bool:
+    """Strict: 256.0 is not an integer (JSON Schema would accept it), nor is True."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(checker, value) -> bool:
+    """Finite numbers only: NaN passes every range check, inf breaks schedules."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+_Validator = jsonschema.validators.extend(
+    _with_defaults(jsonschema.Draft202012Validator),
+    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine_many(
+        {"integer": _is_integer, "number": _is_number}),
+)
 
 
 # Names other tools use (NxD, SageMaker marketplace, HF Trainer) for keys of ours.
@@ -93,10 +109,46 @@ def validate(config: dict | None) -> dict:
     if errors:
         lines = "\n".join(f"  - {_describe(e, schema)}" for e in errors)
         raise ConfigError(f"invalid llmpipe config:\n{lines}")
-    train = config["train"]
-    if train["min_lr"] > train["lr"]:
-        raise ConfigError(f"invalid llmpipe config: 'train.min_lr' ({train['min_lr']}) exceeds 'train.lr' ({train['lr']})")
+    problems = _cross_checks(config)
+    if problems:
+        raise ConfigError("invalid llmpipe config:\n" + "\n".join(f"  - {p}" for p in problems))
     return config
+
+
+def _cross_checks(config: dict) -> list[str]:
+    """Constraints between keys that the schema cannot express, each message naming its keys."""
+    train, model, out = config["train"], config["model"], []
+    if train["min_lr"] > train["lr"]:
+        out.append(f"'train.min_lr' ({train['min_lr']}) exceeds 'train.lr' ({train['lr']})")
+    per_step = train["micro_batch_size"] * train["nproc"] * train["nnodes"]
+    if train["backend"] == "torch" and train["global_batch_size"] % per_step:  # torch: every process is a data rank
+        out.append(f"'train.global_batch_size' ({train['global_batch_size']}) is not a multiple of 'train.micro_batch_size'"
+                   f" x 'train.nproc' x 'train.nnodes' ({train['micro_batch_size']} x {train['nproc']} x {train['nnodes']})")
+    heads, kv = model["num_attention_heads"], model["num_key_value_heads"]
+    if not model["init_from"]:  # a base model brings its own shape
+        if model["hidden_size"] % heads:
+            out.append(f"'model.hidden_size' ({model['hidden_size']}) is not a multiple of 'model.num_attention_heads' ({heads})")
+        elif (model["hidden_size"] // heads) % 2:
+            out.append(f"'model.hidden_size' / 'model.num_attention_heads' = {model['hidden_size'] // heads}"
+                       " must be even (rotary embeddings rotate pairs)")
+        if heads % kv:
+            out.append(f"'model.num_attention_heads' ({heads}) is not a multiple of 'model.num_key_value_heads' ({kv})")
+    tp = config["plan"]["tp"]
+    if train["seq_len"] % tp:
+        out.append(f"'train.seq_len' ({train['seq_len']}) is not a multiple of 'plan.tp' ({tp}): sequence parallelism"
+                   " splits each sequence over the tensor-parallel ranks")
+    return out
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML with YAML 1.2 / JSON floats: `lr: 3e-4` is a number, not the string PyYAML makes of it."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
 
 
 def load(source: str | Path | dict | None) -> dict:
@@ -110,7 +162,7 @@ def load(source: str | Path | dict | None) -> dict:
         path = Path(text)
         if not path.is_file():
             raise ConfigError(f"config file not found: {path}")
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(path.read_text(), Loader=_Loader)
     if data is not None and not isinstance(data, dict):
         raise ConfigError(f"config must be a mapping, got {type(data).__name__}")
     return validate(data)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Iterator
@@ -17,6 +19,7 @@ def atomic_path(target: str | Path) -> Iterator[Path]:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     _remove(tmp)
+    _remove_stale(target)
     try:
         yield tmp
         _default_modes(tmp)
@@ -25,6 +28,24 @@ def atomic_path(target: str | Path) -> Iterator[Path]:
         os.replace(tmp, target)
     finally:
         _remove(tmp)
+
+
+def _remove_stale(target: Path) -> None:
+    """Temporary siblings of `target` left by killed writers (`.name.tmp-PID*`, PID not running here)."""
+    for stale in target.parent.glob(f".{glob.escape(target.name)}.tmp-*"):
+        m = re.match(r"\d+", stale.name[len(target.name) + 6:])
+        if m and int(m.group()) != os.getpid() and not _running(int(m.group())):
+            _remove(stale)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _default_modes(path: Path) -> None:

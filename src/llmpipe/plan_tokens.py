@@ -149,11 +149,13 @@ def _tokens_per_byte(tok_dir: Path, texts: list[str]) -> tuple[float, int]:
 
 def estimate(cfg: dict, tokenizer_dir: Path | None) -> dict:
     d = cfg["data"]
-    hf = [s for s in d["sources"] if s.startswith(HF_PREFIX)]
+    from llmpipe.data.mixture import paths  # weighted sources: their paths (the estimate ignores weights)
+
+    hf = [s for s in paths(d["sources"]) if s.startswith(HF_PREFIX)]
     if hf:
         raise ValueError(f"cannot estimate tokens of {', '.join(hf)} before the data stages run: build the token store "
                          "first (snakemake <results>/<run>/data/tokens/manifest.json) and plan again")
-    sources = expand_sources(d["sources"])
+    sources = expand_sources(paths(d["sources"]))
     picks = _spread(len(sources), MAX_SAMPLED)
     sampled = [sample_source(i, sources[i], d) for i in tqdm(picks, desc="plan: sampling sources", unit=" source")]
     fs_sizes = {}

@@ -13,6 +13,7 @@ import logging
 from pathlib import Path
 
 from llmpipe import config as cfgmod
+from llmpipe.data import mixture
 from llmpipe.data.sources import describe, expand_sources
 from llmpipe.io import write_json
 
@@ -20,10 +21,18 @@ log = logging.getLogger(__name__)
 
 
 def get_data(data_cfg: dict, out: str | Path) -> dict:
-    sources = expand_sources(data_cfg["sources"])
+    mix = None
+    if mixture.is_mixture(data_cfg["sources"]):  # weighted sources: groups counted, sampling rates set
+        sources, mix = mixture.plan(data_cfg)
+    else:
+        sources = expand_sources(data_cfg["sources"])
     entries = [describe(s) for s in sources]
-    key = hashlib.sha256(json.dumps(entries, sort_keys=True).encode()).hexdigest()
-    manifest = {"sources": entries, "key": key}
+    if mix:
+        for entry, g in zip(entries, mix["group_of_source"]):
+            entry["group"] = mix["groups"][g]["name"]
+    keyed = entries if mix is None else {"sources": entries, "mixture": mix}
+    key = hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()
+    manifest = {"sources": entries, "key": key, **({"mixture": mix} if mix else {})}
     write_json(out, manifest)
     log.info("%d sources, %s bytes, key %s", len(entries), sum(e.get("size") or 0 for e in entries), key[:12])
     return manifest

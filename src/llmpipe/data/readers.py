@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -78,10 +79,31 @@ def _open_binary(url: str) -> Iterator:
         yield io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw))
 
 
+BOM = b"\xef\xbb\xbf"
+
+
+def _lines(fh, size: int = 1 << 20) -> Iterator[bytes]:
+    """The lines of a binary stream ending in LF, CRLF or CR (universal newlines, as Python's text
+    mode and editors count them; JSON never holds a raw CR inside a string), streamed."""
+    buf = bytearray()
+    while chunk := fh.read(size):
+        start = max(len(buf) - 1, 0)  # a held-back CR may pair with an LF at the chunk's start
+        buf += chunk
+        end = len(buf) - 1 if buf.endswith(b"\r") else len(buf)  # hold back a final CR
+        cut = max(buf.rfind(b"\n", start, end), buf.rfind(b"\r", start, end))
+        if cut >= 0:
+            yield from bytes(buf[: cut + 1]).splitlines(keepends=True)
+            del buf[: cut + 1]
+    if buf:
+        yield from bytes(buf).splitlines(keepends=True)
+
+
 def _jsonl(url: str, text_field: str) -> Iterator[tuple[str, object]]:
     with _open_binary(url) as fh:
-        for lineno, raw in enumerate(fh, 1):
+        for lineno, raw in enumerate(_lines(fh), 1):
             where = f"{url}:{lineno}"
+            if lineno == 1 and raw.startswith(BOM):  # a UTF-8 byte order mark (Windows editors)
+                raw = raw[len(BOM):]
             if not raw.strip():
                 continue
             try:
@@ -114,18 +136,21 @@ def _parquet(url: str, text_field: str) -> Iterator[tuple[str, object]]:
                 row += 1
 
 
+PARAGRAPH_BREAK = re.compile(r"(?:\r\n|\r|\n){2}")  # an empty line, in any newline style
+
+
 def _text(url: str, mode: str) -> Iterator[tuple[str, object]]:
     with _open_binary(url) as fh:
         raw = fh.read()
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8-sig")  # without a leading byte order mark
     except UnicodeDecodeError as exc:
         yield url, BadRecord("invalid_utf8", url, f"invalid UTF-8 at byte {exc.start}")
         return
     if mode == "file":
         yield url, text
         return
-    for i, para in enumerate(text.split("\n\n")):
+    for i, para in enumerate(PARAGRAPH_BREAK.split(text)):
         if para.strip():
             yield f"{url}:paragraph {i}", para
 
@@ -200,10 +225,11 @@ def documents(source: str, cfg: dict, stats: ReadStats, keep=lambda index: True)
 
 def iter_documents(cfg: dict, stats: ReadStats | None = None) -> Iterator[str]:
     """Every usable document of every source (data section `cfg`), in order."""
+    from llmpipe.data.mixture import paths
     from llmpipe.data.sources import expand_sources
 
     stats = stats if stats is not None else ReadStats()
-    for source in expand_sources(cfg["sources"]):
+    for source in expand_sources(paths(cfg["sources"])):
         for _, text in documents(source, cfg, stats):
             yield text
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 from safetensors import safe_open
 
+from llmpipe.data import mixture
 from llmpipe.data.readers import ReadStats
 from llmpipe.io import write_json
 
@@ -25,17 +26,20 @@ FORMAT = "llmpipe-token-store/1"
 SPLITS = ("train", "val")
 
 
-def build_manifest(shards: list[str | Path], out: str | Path, sources_key: str | None = None) -> dict:
+def build_manifest(shards: list[str | Path], out: str | Path, sources_key: str | None = None, mix: dict | None = None) -> dict:
+    """`mix`: the mixture plan of sources.json, for per-group counts (per-source counts are always made)."""
     shards, out = [Path(s) for s in shards], Path(out)
     entries, tokenizer = [], None
     totals = {s: {"documents": 0, "tokens": 0} for s in SPLITS}
     read = ReadStats()
+    by_source: dict = {}
     digest = hashlib.sha256((sources_key or "").encode())
     for path in shards:
         if path.parent.resolve() != out.parent.resolve():
             raise ValueError(f"token shard {path} is not inside the store folder {out.parent}")
         with safe_open(str(path), framework="numpy") as f:
             meta = f.metadata()
+            mixture.add_counts(by_source, mixture.source_counts(f, SPLITS))
         tok = {k: meta[k] for k in ("tokenizer_sha256", "eos_id", "bos_id", "vocab_size", "key")}
         if tokenizer is None:
             tokenizer = tok
@@ -60,6 +64,8 @@ def build_manifest(shards: list[str | Path], out: str | Path, sources_key: str |
         "totals": totals,
         "read": read.as_dict(),
         "fingerprint": digest.hexdigest(),
+        "by_source": by_source,  # source index (sources.json order) -> split -> documents, tokens stored
+        **({"by_group": mixture.group_counts(by_source, mix)} if mix else {}),
     }
     write_json(out, manifest)
     log.info("token store %s: %s; read %s", out.parent, totals, manifest["read"])
@@ -125,4 +131,4 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", required=True, help="manifest.json to write (beside the shards)")
     args = p.parse_args(argv)
     key = json.loads(Path(args.sources).read_text())["key"] if args.sources else None
-    build_manifest(args.shards, args.out, key)
+    build_manifest(args.shards, args.out, key, mixture.load(args.sources) if args.sources else None)

@@ -19,7 +19,7 @@ import numpy as np
 from tqdm import tqdm
 
 from llmpipe import config as cfgmod
-from llmpipe.data import stfile
+from llmpipe.data import mixture, stfile
 from llmpipe.data.readers import ReadStats, documents
 from llmpipe.data.sources import assign, doc_id, is_validation
 from llmpipe.data.tokenizer import make_encoder, tokenizer_info
@@ -69,7 +69,8 @@ def shard_key(d: dict, sources_key: str, tokenizer_sha: str) -> str:
 
 
 def tokenize_shard(cfg: dict, sources: list[str], shard: int, tokenizer_dir: str | Path, out: str | Path,
-                   threads: int = 1, sources_key: str = "") -> dict:
+                   threads: int = 1, sources_key: str = "", mix: dict | None = None) -> dict:
+    """`mix`: the mixture plan of sources.json (data/mixture.py), if the sources are weighted."""
     d = cfg["data"]
     plan = assign(sources, d["num_shards"], shard)
     info = tokenizer_info(tokenizer_dir)
@@ -83,7 +84,7 @@ def tokenize_shard(cfg: dict, sources: list[str], shard: int, tokenizer_dir: str
 
     def docs():
         for s_idx, source in plan.sources:
-            for r_idx, text in documents(source, d, stats, plan.keep):
+            for r_idx, text in documents(source, d, stats, mixture.keeper(mix, s_idx, plan.keep)):
                 yield doc_id(s_idx, r_idx), is_validation(s_idx, r_idx, d["val_fraction"], d["split_seed"]), text
 
     with atomic_path(out) as tmp:
@@ -146,4 +147,4 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
     tokenize_shard(cfgmod.load(args.config), load_sources(args.sources), args.shard, args.tokenizer, args.out,
-                   args.threads, sources_key(args.sources))
+                   args.threads, sources_key(args.sources), mixture.load(args.sources))

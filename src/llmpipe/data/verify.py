@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from llmpipe.data import mixture
 from llmpipe.data.pack import Layout, order
 from llmpipe.data.readers import ReadStats, documents
 from llmpipe.data.sources import assign, doc_id
@@ -83,7 +84,8 @@ def verify_litgpt(store: TokenStore, view: Path, info: dict) -> dict:
     return out
 
 
-def check_tokenization(store: TokenStore, tokenizer_dir: Path, data_cfg: dict, sources: list[str], sample: int) -> dict:
+def check_tokenization(store: TokenStore, tokenizer_dir: Path, data_cfg: dict, sources: list[str], sample: int,
+                       mix: dict | None = None) -> dict:
     """Re-tokenize up to `sample` documents per shard with the HF tokenizer; compare with the store."""
     from safetensors import safe_open
 
@@ -101,7 +103,7 @@ def check_tokenization(store: TokenStore, tokenizer_dir: Path, data_cfg: dict, s
             index.update({int(d): (toks, int(offs[i]), int(offs[i + 1])) for i, d in enumerate(ids)})
         texts = []
         for s_idx, source in plan.sources:
-            for r_idx, text in documents(source, data_cfg, ReadStats(), plan.keep):
+            for r_idx, text in documents(source, data_cfg, ReadStats(), mixture.keeper(mix, s_idx, plan.keep)):
                 texts.append((doc_id(s_idx, r_idx), text))
                 if len(texts) >= sample:
                     break
@@ -124,7 +126,7 @@ def verify(manifest: str | Path, views: list[Path], tokenizer_dir: Path, sources
               "documents": {s: store.manifest["totals"][s]["documents"] for s in SPLITS},
               "tokens": {s: store.manifest["totals"][s]["tokens"] for s in SPLITS},
               "read": store.manifest["read"], "views": {}, "files": {}}
-    result["tokenization"] = check_tokenization(store, tokenizer_dir, data_cfg, sources, sample)
+    result["tokenization"] = check_tokenization(store, tokenizer_dir, data_cfg, sources, sample, mixture.load(sources_json))
     for view in views:
         info = json.loads((view / "view.json").read_text())
         check = {"hf": verify_hf, "litgpt": verify_litgpt}[info["format"]]

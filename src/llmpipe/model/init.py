@@ -43,13 +43,52 @@ def llama_config(model_cfg: dict, vocab_size: int, seq_len: int, tok):
     )
 
 
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+def weights_format(base: str | Path, allow_pickle: bool) -> bool:
+    """True if `base` has safetensors weights; False if only pickle weights and model.allow_pickle
+    allows them; else a ValueError naming the files (unpickling can run arbitrary code)."""
+    base = Path(base)
+    if not base.is_dir() or any(base.glob("*.safetensors")):
+        return True
+    pickles = sorted(p.name for p in base.iterdir() if p.name.endswith(PICKLE_SUFFIXES))
+    if pickles and not allow_pickle:
+        raise ValueError(
+            f"model.init_from {base} has only pickle weights ({', '.join(pickles)}), which can run code when loaded: "
+            "convert them to safetensors, or set model.allow_pickle: true to load them with "
+            "torch.load(weights_only=True) (tensors only)"
+        )
+    return not pickles
+
+
+def load_base(base: str | Path, allow_pickle: bool):
+    """A local base model: safetensors, or (allowed) pickle weights restricted to tensors; never remote code."""
+    import pickle
+
+    from transformers import AutoModelForCausalLM
+
+    use_safetensors = weights_format(base, allow_pickle)
+    try:
+        return AutoModelForCausalLM.from_pretrained(
+            str(base), trust_remote_code=False, dtype=torch.float32, use_safetensors=use_safetensors, weights_only=True
+        )
+    except (pickle.UnpicklingError, OSError, RuntimeError) as exc:
+        if use_safetensors or not (isinstance(exc, pickle.UnpicklingError) or "Weights only load failed" in str(exc)):
+            raise
+        raise ValueError(
+            f"model.init_from {base}: refusing its pickle weights: they hold objects other than tensors, "
+            "which torch.load(weights_only=True) does not load"
+        ) from None
+
+
 def init_model(cfg: dict, tokenizer_dir: str | Path, out_dir: str | Path) -> None:
-    from transformers import AutoModelForCausalLM, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     tok = load_tokenizer(tokenizer_dir)
     base = cfg["model"]["init_from"]
     if base:
-        model = AutoModelForCausalLM.from_pretrained(base, trust_remote_code=False, dtype=torch.float32)
+        model = load_base(base, cfg["model"]["allow_pickle"])
         rows = model.get_input_embeddings().weight.shape[0]
         if rows < len(tok):
             raise ValueError(f"model.init_from {base} has {rows} embedding rows but the tokenizer has {len(tok)} tokens")

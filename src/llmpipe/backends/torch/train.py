@@ -97,6 +97,14 @@ def build_optimizer(model, t: dict):
     return opt, sched
 
 
+def _step_of(line: str) -> float:
+    """A metrics line's step; a line cut short by a kill (or empty) counts as after every step."""
+    try:
+        return json.loads(line)["step"]
+    except (ValueError, KeyError, TypeError):
+        return float("inf")
+
+
 class Metrics:
     """metrics.jsonl (+ TensorBoard when installed), written by rank 0 only."""
 
@@ -107,7 +115,7 @@ class Metrics:
         path.parent.mkdir(parents=True, exist_ok=True)
         kept = []
         if path.exists():  # drop what a killed run logged after the checkpoint we resume from
-            kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= resume_step]
+            kept = [line for line in path.read_text().splitlines() if _step_of(line) <= resume_step]
         with atomic_path(path) as tmp:
             tmp.write_text("".join(line + "\n" for line in kept))
         try:

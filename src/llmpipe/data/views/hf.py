@@ -4,9 +4,9 @@ load_from_disk + transformers.default_data_collator into int64 [B, seq_len] (NxD
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
-import uuid
 from dataclasses import asdict
 from pathlib import Path
 
@@ -34,13 +34,14 @@ def _features(seq_len: int, segment_ids: bool, seg_dtype: str):
     return Features({k: List(Value(v), length=seq_len) for k, v in cols.items()})
 
 
-def _finish(folder: Path, data_file: str) -> None:
+def _finish(folder: Path, data_file: str, fingerprint: str) -> None:
     """state.json + dataset_info.json exactly as Dataset.save_to_disk writes them, for a file we wrote
-    with datasets' own ArrowWriter (streaming: no second copy of the data)."""
+    with datasets' own ArrowWriter (streaming: no second copy of the data). The fingerprint derives
+    from what made the rows (not random), so a rebuild is byte-identical."""
     import datasets
 
     ds = datasets.Dataset.from_file(str(folder / data_file))  # memory-mapped; nothing is read
-    state = {"_fingerprint": uuid.uuid4().hex[:16], "_format_columns": None, "_format_kwargs": {},
+    state = {"_fingerprint": fingerprint[:16], "_format_columns": None, "_format_kwargs": {},
              "_format_type": None, "_output_all_columns": False, "_split": None,
              "_data_files": [{"filename": data_file}]}
     (folder / "state.json").write_text(json.dumps(state, indent=2, sort_keys=True))
@@ -72,7 +73,9 @@ def write_split(store: TokenStore, split: str, out: Path, seq_len: int, remainde
                 cols.append(_column([r[2] for r in rows], seg_dtype, seq_len))
             writer.write_table(pa.Table.from_batches([pa.record_batch(cols, schema=schema)]))
         writer.finalize()
-    _finish(out, data_file)
+    made_by = {"store": store.manifest["fingerprint"], "split": split, "seq_len": seq_len, "remainder": remainder,
+               "shuffle": shuffle, "seed": seed, "segment_ids": segment_ids}
+    _finish(out, data_file, hashlib.sha256(json.dumps(made_by, sort_keys=True).encode()).hexdigest())
     return {**layout.stats(), "shuffle": shuffle, "seed": seed, "segment_ids": segment_ids}
 
 

@@ -1,0 +1,79 @@
+# Hugging Face Hub in and out (llmpipe.hub): a Hub base model -> checkpoints/base (init_model reads
+# it); hub.datasets -> data/hub/<name>.parquet; the release folder (model card) and its upload (opt-in:
+# in rule all only with hub.release.enabled). Downloads and uploads run on the submitting host
+# (localrule), where the network and the user's HF token are.
+import re
+
+if config["hub"]["release"]["enabled"] and not config["hub"]["release"]["repo_id"]:
+    raise WorkflowError("invalid llmpipe config: 'hub.release.enabled' is true but 'hub.release.repo_id' is not set")
+
+
+rule download_model:
+    output:
+        directory(HUB_BASE),
+    params:
+        cfg=cfg_json("model.init_from", "hub.revision", "hub.allow_patterns", "hub.cache_dir", "hub.endpoint"),
+    localrule: True
+    log:
+        f"{RUN}/logs/download_model.log",
+    conda:
+        "../envs/torch.yaml"
+    shell:
+        "python -m llmpipe download-model --config {params.cfg:q} --out {output} > {log} 2>&1"
+
+
+rule download_dataset:
+    output:
+        f"{RUN}/data/hub/{{name}}.parquet",
+    wildcard_constraints:
+        name="|".join(re.escape(n) for n in HUB_DATASETS) or "(?!)",
+    params:
+        cfg=cfg_json("hub.datasets", "data.text_field"),
+    localrule: True
+    log:
+        f"{RUN}/logs/download_dataset/{{name}}.log",
+    conda:
+        "../envs/torch.yaml"
+    shell:
+        "python -m llmpipe download-dataset --config {params.cfg:q} --name {wildcards.name} --out {output} > {log} 2>&1"
+
+
+rule model_card:
+    input:
+        hf=f"{RUN}/hf",
+        manifest=f"{RUN}/data/tokens/manifest.json",
+        sources=f"{RUN}/data/sources.json",
+        eval=f"{RUN}/eval.json",
+        trained=f"{RUN}/checkpoints/{BACKEND}/final",
+        view=f"{RUN}/data/views/hf",
+        base=lambda wildcards: [HUB_BASE] if is_hub_ref(config["model"]["init_from"]) else [],
+    output:
+        directory(f"{RUN}/release"),
+    params:
+        cfg=cfg_json(*sorted(config)),  # the card states the whole config
+        metrics=f"{RUN}/train/metrics.jsonl",
+        base=lambda wildcards, input: f"--base {input.base[0]}" if input.base else "",
+    log:
+        f"{RUN}/logs/model_card.log",
+    conda:
+        "../envs/torch.yaml"
+    shell:
+        "python -m llmpipe model-card --config {params.cfg:q} --hf {input.hf} --manifest {input.manifest}"
+        " --sources {input.sources} --metrics {params.metrics} --eval {input.eval}"
+        " --summary {input.trained}/train_summary.json --data-view {input.view} {params.base} --out {output} > {log} 2>&1"
+
+
+rule release:
+    input:
+        f"{RUN}/release",
+    output:
+        f"{RUN}/release.json",
+    params:
+        cfg=cfg_json("hub"),
+    localrule: True
+    log:
+        f"{RUN}/logs/release.log",
+    conda:
+        "../envs/torch.yaml"
+    shell:
+        "python -m llmpipe release --config {params.cfg:q} --folder {input} --out {output} > {log} 2>&1"

@@ -1,0 +1,63 @@
+# Backend "levanter": JAX (TPU VM, pod slice, or CPU) with Levanter, in its own environment
+# (levanter.python: .venvs/levanter/bin/python from scripts/setup-env-levanter.sh, or python under
+# --use-conda with envs/levanter.yaml). token store -> Levanter cache -> Levanter config -> train_lm
+# -> {RUN}/checkpoints/levanter/final (HF format), which the shared export and evaluate rules read.
+
+LEVANTER_OUT = config["levanter"]["output_dir"] or f"{RUN}/checkpoints/levanter"
+
+
+rule levanter_cache:
+    input:
+        store=f"{RUN}/data/tokens/manifest.json",
+    output:
+        directory(f"{RUN}/data/views/levanter"),
+    params:
+        python=config["levanter"]["python"],
+    log:
+        f"{RUN}/logs/levanter_cache.log",
+    conda:
+        "../envs/levanter.yaml"
+    shell:
+        "{params.python} -m llmpipe levanter-cache --store {input.store} --out {output} > {log} 2>&1"
+
+
+rule levanter_config:
+    input:
+        cache=f"{RUN}/data/views/levanter",
+        tokenizer=f"{RUN}/tokenizer",
+        init=f"{RUN}/checkpoints/init",
+    output:
+        directory(f"{RUN}/train/levanter"),
+    params:
+        cfg=cfg_json("run", "data.shuffle", "model", "train", "eval", "levanter"),
+        python=config["levanter"]["python"],
+        output=LEVANTER_OUT,
+    log:
+        f"{RUN}/logs/levanter_config.log",
+    conda:
+        "../envs/levanter.yaml"
+    shell:
+        "{params.python} -m llmpipe levanter-config --config {params.cfg:q} --cache {input.cache}"
+        " --tokenizer {input.tokenizer} --init {input.init} --output {params.output} --out {output} > {log} 2>&1"
+
+
+rule train_levanter:
+    input:
+        config=f"{RUN}/train/levanter",
+        cache=f"{RUN}/data/views/levanter",
+    output:
+        directory(f"{RUN}/checkpoints/levanter/final"),
+    params:
+        python=config["levanter"]["python"],
+        platforms=config["levanter"]["jax_platforms"],
+        metrics=f"{RUN}/train/metrics.jsonl",
+    threads: config["train"]["threads"]
+    resources:
+        **train_resources(),
+    log:
+        f"{RUN}/logs/train_levanter.log",
+    conda:
+        "../envs/levanter.yaml"
+    shell:
+        "{params.python} -m llmpipe levanter-train --levanter-config {input.config}/config.yaml --out {output}"
+        " --metrics {params.metrics} --jax-platforms {params.platforms:q} > {log} 2>&1"

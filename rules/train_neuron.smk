@@ -1,0 +1,98 @@
+# Backend "neuron": AWS Trainium with neuronx-distributed's Llama trainer (run_llama_nxd.py, tp/pp).
+# init (HF) -> neuron_shard (NxD pretrained_weight rank files) -> neuron_precompile (graphs into the
+# shared compile cache) -> train_neuron (srun + torchrun per node) -> neuron_merge ->
+# {RUN}/checkpoints/neuron/final (HF), which the shared export_hf / evaluate rules read.
+from llmpipe.backends.neuron.commands import NeuronConfigError, check_config
+from llmpipe.backends.neuron.layout import LayoutError
+
+try:
+    check_config(config)
+except (NeuronConfigError, LayoutError) as exc:
+    raise WorkflowError(f"invalid llmpipe config: {exc}") from None
+
+NXD = f"{RUN}/checkpoints/neuron/nxd"  # run_llama_nxd.py --checkpoint_dir: pretrained_weight/, step_<N>/
+NEURON_LAYOUT = [f"neuron.{k}" for k in ("tp", "pp", "vpp", "kv_size_multiplier", "qkv_linear", "fuse_qkv", "coalesce_qkv")]
+NEURON_RUN = ("results_dir", "model.init_from", "train", "neuron")
+
+
+rule neuron_shard:
+    input:
+        init=f"{RUN}/checkpoints/init",
+    output:
+        directory(f"{NXD}/pretrained_weight"),
+    params:
+        layout=cfg_json(*NEURON_LAYOUT),
+        ckpt=NXD,
+    log:
+        f"{RUN}/logs/neuron_shard.log",
+    conda:
+        "../envs/torch.yaml"
+    shell:
+        "python -m llmpipe neuron-shard --model {input.init} --out {params.ckpt} --layout {params.layout:q} > {log} 2>&1"
+
+
+# Same nodes, flags and compile cache as train_neuron; the marker records the cache and the compiler
+# flags, so a changed flag (a params change) runs it again.
+rule neuron_precompile:
+    input:
+        init=f"{RUN}/checkpoints/init",
+        data=f"{RUN}/data/views/hf",
+        shards=f"{NXD}/pretrained_weight",
+    output:
+        f"{RUN}/checkpoints/neuron/precompile.json",
+    params:
+        cfg=cfg_json(*NEURON_RUN),
+        ckpt=NXD,
+        metrics=f"{RUN}/train/nxd_precompile_metrics.json",
+        tb=f"{RUN}/train/tensorboard_precompile",
+    resources:
+        **train_resources(),
+    log:
+        f"{RUN}/logs/neuron_precompile.log",
+    conda:
+        "../envs/torch.yaml"
+    shell:
+        "python -m llmpipe neuron-precompile --config {params.cfg:q} --init {input.init} --data {input.data}"
+        " --checkpoint-dir {params.ckpt} --metrics {params.metrics} --tb-dir {params.tb} --out {output} > {log} 2>&1"
+
+
+rule train_neuron:
+    input:
+        init=f"{RUN}/checkpoints/init",
+        data=f"{RUN}/data/views/hf",
+        shards=f"{NXD}/pretrained_weight",
+        compiled=f"{RUN}/checkpoints/neuron/precompile.json",
+    output:
+        f"{RUN}/checkpoints/neuron/train.json",
+    params:
+        cfg=cfg_json(*NEURON_RUN),
+        ckpt=NXD,
+        metrics=f"{RUN}/train/nxd_metrics.json",
+        tb=f"{RUN}/train/tensorboard",
+    resources:
+        **train_resources(),
+    log:
+        f"{RUN}/logs/train_neuron.log",
+    conda:
+        "../envs/torch.yaml"
+    shell:
+        "python -m llmpipe neuron-train --config {params.cfg:q} --init {input.init} --data {input.data}"
+        " --checkpoint-dir {params.ckpt} --metrics {params.metrics} --tb-dir {params.tb} --out {output} > {log} 2>&1"
+
+
+rule neuron_merge:
+    input:
+        trained=f"{RUN}/checkpoints/neuron/train.json",
+        shards=f"{NXD}/pretrained_weight",
+        tokenizer=f"{RUN}/tokenizer",
+    output:
+        directory(f"{RUN}/checkpoints/neuron/final"),
+    params:
+        ckpt=NXD,
+    log:
+        f"{RUN}/logs/neuron_merge.log",
+    conda:
+        "../envs/torch.yaml"
+    shell:
+        "python -m llmpipe neuron-merge --checkpoint-dir {params.ckpt} --tokenizer {input.tokenizer} --step latest"
+        " --dtype bfloat16 --out {output} > {log} 2>&1"

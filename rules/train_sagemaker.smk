@@ -1,0 +1,47 @@
+# Backend "sagemaker": data prep stays local; the view goes to S3 (sagemaker_upload), SageMaker trains
+# (mode algorithm: a marketplace algorithm on the litgpt view; mode image: a PyTorch container running
+# llmpipe's torch trainer on the hf view), and train_sagemaker attaches to or creates the job, waits,
+# and turns model.tar.gz into {RUN}/checkpoints/sagemaker/final (HF) for the shared export / evaluate.
+from llmpipe.backends.sagemaker.hyperparameters import SettingsError, check_settings
+
+try:
+    check_settings(config)
+except SettingsError as exc:
+    raise WorkflowError(f"invalid llmpipe config: {exc}") from None
+
+SM_ALGORITHM = config["sagemaker"]["mode"] == "algorithm"
+
+
+rule sagemaker_upload:
+    input:
+        view=f"{RUN}/data/views/litgpt" if SM_ALGORITHM else f"{RUN}/data/views/hf",
+        init=[] if SM_ALGORITHM else f"{RUN}/checkpoints/init",
+    output:
+        f"{RUN}/sagemaker/inputs.json",
+    params:
+        cfg=cfg_json("run", "data.views", "sagemaker"),
+        init=lambda wildcards, input: f"--init {input.init}" if input.init else "",
+    log:
+        f"{RUN}/logs/sagemaker_upload.log",
+    conda:
+        "../envs/sagemaker.yaml"
+    shell:
+        "python -m llmpipe sagemaker-upload --config {params.cfg:q} --view {input.view} {params.init}"
+        " --out {output} > {log} 2>&1"
+
+
+rule train_sagemaker:
+    input:
+        inputs=f"{RUN}/sagemaker/inputs.json",
+    output:
+        directory(f"{RUN}/checkpoints/sagemaker/final"),
+    params:
+        cfg=cfg_json("run", "data.views", "train", "eval", "sagemaker"),
+        metrics=f"{RUN}/train/metrics.jsonl",
+    log:
+        f"{RUN}/logs/train_sagemaker.log",
+    conda:
+        "../envs/sagemaker.yaml"
+    shell:
+        "python -m llmpipe sagemaker-train --config {params.cfg:q} --inputs {input.inputs}"
+        " --metrics {params.metrics} --out {output} > {log} 2>&1"

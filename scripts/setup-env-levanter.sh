@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Build .venvs/levanter: the Levanter backend's own environment (CPU JAX; on a TPU VM add
+# "jax[tpu]==0.10.2", see envs/levanter.yaml). Idempotent: a stamp of the pins skips a rebuild.
+# Usage: scripts/setup-env-levanter.sh [VENV_DIR]     (~2 min and ~1.8 GB the first time)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv=${1:-.venvs/levanter}
+pins=(
+  "marin-levanter==0.2.20.dev202606180959"  # the maintained successor of levanter (README)
+  "jax==0.10.2" "jaxlib==0.10.2"
+  "packaging==25.0"      # < 26: newer breaks snakemake's and ray's expectations
+  "GitPython==3.2.1"     # imported by levanter.tracker, not declared by marin-levanter
+  "jsonschema==4.26.0" "orjson==3.8.3"  # llmpipe's config and store readers in this env
+)
+stamp="$venv/.llmpipe-pins"
+if [ -x "$venv/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "${pins[*]}" ]; then
+  echo "setup-env-levanter: $venv is up to date"
+  exit 0
+fi
+python3 -m venv "$venv"
+"$venv/bin/python" -m pip install -q --disable-pip-version-check "${pins[@]}"
+"$venv/bin/python" -c "import levanter.main.train_lm, levanter.store.cache, jsonschema, orjson"
+echo "${pins[*]}" > "$stamp"
+echo "setup-env-levanter: $venv ready"

@@ -1,0 +1,1 @@
+"""ColossalAI backend (runs in .venvs/colossal, see scripts/setup-env-colossal.sh)."""

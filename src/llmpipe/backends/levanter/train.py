@@ -1,0 +1,162 @@
+"""levanter-train: run `python -m levanter.main.train_lm` on a generated config, then put the final HF
+export into the backend's `final/` folder. Runs in the Levanter environment.
+
+- Resume: the config's trainer.id is fixed, so a rerun continues from the newest complete checkpoint
+  under <output>/checkpoints/<id>/ (Levanter's own discovery); a finished run trains no step again.
+- Metrics: Levanter's json_logger lines (stdout/stderr) become <metrics> (metrics.jsonl, one line per
+  step: step, loss, lr, tokens, tokens_per_s, epoch; val_loss at eval steps; grad_norm where Levanter
+  logs it), merged with an interrupted run's. Levanter logs from its third step on.
+- Final: Levanter writes an HF export at the last step (hf_save_steps = num_train_steps; final hooks are
+  forced); it is copied to --out with train_summary.json. Steps here count from 1 (Levanter's step s is
+  our s + 1), so the last one is train.max_steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import fsspec
+import yaml
+
+from llmpipe.io import atomic_path, write_json
+
+log = logging.getLogger(__name__)
+
+JSON_LINE = re.compile(r'levanter\.json_logger (\{"tracker": "json_logger".*\})\s*$')
+RESUMED = re.compile(r"Loading checkpoint from (\S+)")
+KEYS = {"train/loss": "loss", "optim/learning_rate": "lr", "throughput/total_tokens": "tokens",
+        "throughput/tokens_per_second": "tokens_per_s", "eval/loss": "val_loss", "grad/norm/total": "grad_norm"}
+OFFLINE = {"WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+class Metrics:
+    """Per-step records from json_logger lines, merged over an earlier (interrupted) run's file."""
+
+    def __init__(self, path: Path | None, sequences_per_step: int = 0, train_sequences: int = 0):
+        self.path, self.records, self._written = path, {}, 0.0
+        self.per_step, self.train_sequences = sequences_per_step, train_sequences
+        self.floor = 0  # steps up to here come from the checkpoint this run resumed from
+        if path and path.exists():
+            for line in path.read_text().splitlines():
+                rec = json.loads(line)
+                self.records[rec["step"]] = rec
+
+    def resumed(self, step: int) -> None:
+        """Resumed after our step `step`: keep earlier records, drop later ones (they are trained again)."""
+        self.floor = step
+        self.records = {k: v for k, v in self.records.items() if k <= step}
+
+    def add(self, line: str) -> None:
+        m = JSON_LINE.search(line)
+        if not m:
+            return
+        event = json.loads(m.group(1))
+        if event.get("event") != "log" or event.get("step") is None:
+            return
+        step = int(event["step"]) + 1
+        if step <= self.floor:
+            return
+        values = {KEYS[k]: v for k, v in event["metrics"].items() if k in KEYS and isinstance(v, (int, float))}
+        if values:
+            rec = self.records.setdefault(step, {"step": step})
+            rec.update(values)
+            if time.monotonic() - self._written > 2:
+                self.write()
+
+    def write(self) -> None:
+        if not self.path:
+            return
+        recs = [r for _, r in sorted(self.records.items()) if "loss" in r and "lr" in r]
+        for r in recs:
+            if self.train_sequences:
+                r["epoch"] = r["step"] * self.per_step / self.train_sequences
+        with atomic_path(self.path) as tmp:
+            tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in recs))
+        self._written = time.monotonic()
+
+
+def latest_export(hf_root: str) -> tuple[str, int] | None:
+    """The newest <hf_save_path>/<id>/step-N folder holding weights, and N."""
+    fs, root = fsspec.core.url_to_fs(hf_root)
+    best = None
+    for d in fs.glob(f"{root}/step-*"):
+        m = re.search(r"step-(\d+)$", d)
+        if m and fs.glob(f"{d}/*.safetensors") and fs.exists(f"{d}/config.json"):
+            if best is None or int(m.group(1)) > best[1]:
+                best = (d, int(m.group(1)))
+    return (fs.unstrip_protocol(best[0]) if "://" in hf_root else best[0], best[1]) if best else None
+
+
+def run(config_path: str | Path, out: str | Path, metrics: str | Path | None, jax_platforms: str = "") -> dict:
+    lev = yaml.safe_load(Path(config_path).read_text())
+    run_id, steps = lev["trainer"]["id"], lev["trainer"]["num_train_steps"]
+    env = {**os.environ, **OFFLINE}
+    if jax_platforms:
+        env["JAX_PLATFORMS"] = jax_platforms
+    cmd = [sys.executable, "-m", "levanter.main.train_lm", "--config_path", str(config_path)]
+    # epoch = sequences trained / the train split's sequences (Levanter cuts the token stream into seq_len rows)
+    cache_info = Path(lev["data"]["cache_dir"]) / "cache.json"
+    train_tokens = json.loads(cache_info.read_text())["splits"]["train"]["tokens"] if cache_info.exists() else 0
+    rec = Metrics(Path(metrics) if metrics else None, lev["trainer"]["train_batch_size"],
+                  train_tokens // lev["train_seq_len"])
+    resumed_from = None
+    ckpt = f"{lev['trainer']['checkpointer']['base_path']}/{run_id}/step-{steps - 1}/metadata.json"
+    found = latest_export(f"{lev['hf_save_path']}/{run_id}")
+    if found and found[1] + 1 == steps and fsspec.core.url_to_fs(ckpt)[0].exists(fsspec.core.url_to_fs(ckpt)[1]):
+        log.info("run %s already finished (%s and the last HF export exist): not training again", run_id, ckpt)
+        resumed_from = str(Path(ckpt).parent)
+        rec.write()
+    else:
+        log.info("running %s", " ".join(cmd))
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        for line in proc.stdout:
+            sys.stderr.write(line)
+            rec.add(line)
+            m = RESUMED.search(line)
+            if m:
+                resumed_from = m.group(1)
+                step = re.search(r"step-(\d+)/?$", resumed_from)
+                if step:
+                    rec.resumed(int(step.group(1)) + 1)
+        code = proc.wait()
+        rec.write()
+        if code != 0:
+            raise RuntimeError(f"levanter.main.train_lm exited with {code} (its output is above)")
+    found = latest_export(f"{lev['hf_save_path']}/{run_id}")
+    if found is None or found[1] + 1 != steps:
+        raise RuntimeError(f"no HF export of the last step ({steps - 1} in Levanter's numbering) under "
+                           f"{lev['hf_save_path']}/{run_id}; found {found}")
+    src, last = found
+    done = [r for _, r in sorted(rec.records.items())]
+    evals = [r for r in done if "val_loss" in r]
+    summary = {"backend": "levanter", "run_id": run_id, "steps": last + 1, "levanter_export": src,
+               "resumed_from": resumed_from, "final_loss": next((r["loss"] for r in reversed(done) if "loss" in r), None),
+               "last_val_loss": evals[-1]["val_loss"] if evals else None,
+               "last_val_step": evals[-1]["step"] if evals else None}
+    fs, path = fsspec.core.url_to_fs(src)
+    with atomic_path(out) as tmp:
+        tmp.mkdir()
+        for f in fs.ls(path, detail=False):
+            fs.get(f, str(tmp / Path(f).name))
+        write_json(tmp / "train_summary.json", summary)
+    log.info("levanter: %s", summary)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="llmpipe levanter-train", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--levanter-config", required=True, help="config.yaml written by llmpipe levanter-config")
+    p.add_argument("--out", required=True, help="HF-format folder to write (checkpoints/levanter/final)")
+    p.add_argument("--metrics", help="metrics.jsonl to write")
+    p.add_argument("--jax-platforms", default="", help="JAX_PLATFORMS for Levanter (cpu, tpu); empty: JAX chooses")
+    args = p.parse_args(argv)
+    run(args.levanter_config, args.out, args.metrics, args.jax_platforms)

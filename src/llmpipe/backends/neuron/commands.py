@@ -1,0 +1,267 @@
+"""neuron-train / neuron-precompile: run NxD's Llama trainer (run_llama_nxd.py, tp/pp family) under
+Slurm, or extract and compile its graphs first with neuron_parallel_compile.
+
+  python -m llmpipe neuron-precompile --config CFG --init INIT --data VIEW --checkpoint-dir CKPT --out MARKER
+  python -m llmpipe neuron-train      --config CFG --init INIT --data VIEW --checkpoint-dir CKPT --out SUMMARY
+  (--dry-run prints the environment and the command instead of running it)
+
+The launch is llmpipe.launch's: one task per node through `srun`, each running torchrun with
+--nnodes / --node_rank / --master_addr from the Slurm job (port neuron.master_port, 44000 as the
+recipes); precompile wraps each node's command in `neuron_parallel_compile`, with the same nodes,
+flags and compile cache, the trainer's steps cut to neuron.extract_steps and no checkpoint saving.
+
+Mapping of the shared schema (train:) to run_llama_nxd.py flags:
+  DP = neuron.cores_per_node x train.nnodes / (tp x pp); --train_batch_size = global_batch_size / DP;
+  --num_microbatches = train_batch_size / micro_batch_size (pp > 1; at pp 1 the trainer runs the whole
+  per-replica batch in one pass, so micro_batch_size must equal it);
+  lr, min_lr, warmup_steps, max_steps, weight_decay, beta1, beta2, seed -> same names; seq_len ->
+  --seq_len; save_interval -> --checkpoint_freq; keep_checkpoints -> --num_kept_checkpoint;
+  log_interval -> --logging_interval; resume -> --loading_step latest_if_exists (else -1).
+  The trainer clips gradients at 1.0 and uses AdamW's eps 1e-8 (hard-coded), so other values of
+  train.grad_clip / train.eps are refused. It saves every --checkpoint_freq steps and not at the
+  end, so max_steps must be a multiple of save_interval.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from llmpipe import config as cfgmod
+from llmpipe import launch
+from llmpipe.backends.neuron.layout import Dims, Layout
+from llmpipe.io import write_json
+
+log = logging.getLogger(__name__)
+
+SCRIPT = "examples/training/llama/tp_pp_llama_hf_pretrain/run_llama_nxd.py"
+COMPILE_WRAPPER = "neuron_parallel_compile"
+
+
+class NeuronConfigError(ValueError):
+    """The config cannot be mapped onto run_llama_nxd.py (raised before any job runs)."""
+
+
+def batch_plan(cfg: dict) -> dict:
+    """Data parallelism and the trainer's batch flags from train.* and neuron.*."""
+    t, n = cfg["train"], cfg["neuron"]
+    world = n["cores_per_node"] * t["nnodes"]
+    errs = []
+    if world % (n["tp"] * n["pp"]):
+        raise NeuronConfigError(f"neuron.tp {n['tp']} x neuron.pp {n['pp']} must divide the {world} NeuronCores "
+                                f"(neuron.cores_per_node {n['cores_per_node']} x train.nnodes {t['nnodes']})")
+    dp = world // (n["tp"] * n["pp"])
+    gbs, micro = t["global_batch_size"], t["micro_batch_size"]
+    if gbs % dp:
+        raise NeuronConfigError(f"train.global_batch_size {gbs} must be a multiple of data parallelism {dp} "
+                                f"(= {world} cores / tp {n['tp']} / pp {n['pp']})")
+    per_dp = gbs // dp
+    if n["pp"] > 1:
+        if per_dp % micro:
+            errs.append(f"train.micro_batch_size {micro} must divide the per-replica batch {per_dp} (global / DP)")
+        microbatches = per_dp // micro
+    else:
+        if micro != per_dp:
+            errs.append(f"at neuron.pp 1 run_llama_nxd.py runs the per-replica batch ({per_dp} = global {gbs} / DP {dp}) "
+                        f"in one pass (no gradient accumulation): set train.micro_batch_size {per_dp}, "
+                        f"or use pipeline parallelism")
+        microbatches = 1
+    if t["grad_clip"] != 1.0:
+        errs.append(f"run_llama_nxd.py clips gradients at 1.0 (hard-coded): train.grad_clip {t['grad_clip']} cannot be honoured")
+    if t["eps"] != 1e-8:
+        errs.append(f"run_llama_nxd.py uses AdamW's eps 1e-8 (hard-coded): train.eps {t['eps']} cannot be honoured")
+    if t["max_steps"] % t["save_interval"]:
+        errs.append(f"run_llama_nxd.py saves every --checkpoint_freq steps and not at the end: train.max_steps "
+                    f"{t['max_steps']} must be a multiple of train.save_interval {t['save_interval']}")
+    if errs:
+        raise NeuronConfigError("neuron backend: " + "; ".join(errs))
+    return {"world": world, "dp": dp, "train_batch_size": per_dp, "num_microbatches": microbatches}
+
+
+def model_dims(cfg: dict) -> Dims | None:
+    """The model's shapes before any job: model.init_from's config.json, else the model section
+    (vocab unknown until the tokenizer exists: neuron-shard checks it)."""
+    base = cfg["model"]["init_from"]
+    if base:
+        path = Path(base) / "config.json"
+        return Dims.from_hf_config(json.loads(path.read_text())) if path.is_file() else None
+    m = cfg["model"]
+    return Dims(layers=m["num_hidden_layers"], hidden=m["hidden_size"], heads=m["num_attention_heads"],
+                kv_heads=m["num_key_value_heads"], intermediate=m["intermediate_size"],
+                vocab=cfg["neuron"]["tp"], tied=m["tie_word_embeddings"])
+
+
+def check_config(cfg: dict) -> None:
+    """Layout against the model and the batch arithmetic: every problem before any job runs."""
+    d = model_dims(cfg)
+    if d is not None:
+        Layout.from_config(cfg["neuron"]).check(d)
+    batch_plan(cfg)
+
+
+def compile_cache(cfg: dict) -> str:
+    return cfg["neuron"]["compile_cache"] or str(Path(cfg["results_dir"]) / "neuron-compile-cache")
+
+
+def environment(cfg: dict) -> dict[str, str]:
+    """The recipes' environment (tp/pp family) with the compile cache on shared storage."""
+    n = cfg["neuron"]
+    cache = compile_cache(cfg)
+    flags = list(n["cc_flags"])
+    env = {}
+    if cache.startswith("s3://"):
+        env["NEURON_COMPILE_CACHE_URL"] = cache
+    else:
+        flags.append(f"--cache_dir={cache}")
+    script_dir = Path(n["nxd_dir"]) / SCRIPT
+    env.update({
+        "NEURON_CC_FLAGS": " ".join(flags),
+        "NEURON_FUSE_SOFTMAX": "1",
+        "NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS": "7",
+        "MALLOC_ARENA_MAX": "128",
+        "XLA_DOWNCAST_BF16": "1",
+        "XLA_DISABLE_FUNCTIONALIZATION": "0",
+        "FI_EFA_USE_DEVICE_RDMA": "1",
+        "FI_PROVIDER": "efa",
+        "FI_EFA_FORK_SAFE": "1",
+        # run_llama_nxd.py imports logger (its folder) and modeling_llama_nxd, training_utils (the parent)
+        "PYTHONPATH": f"{script_dir.parent}:{script_dir.parent.parent}",
+    })
+    env.update(n["env"])
+    return env
+
+
+def trainer_args(cfg: dict, init: str, data: str, checkpoint_dir: str, metrics: str, tb_dir: str,
+                 phase: str = "train") -> list[str]:
+    """run_llama_nxd.py and its flags (real names: the tutorials' --pretrained_weight_dir,
+    --num_kept_checkpoints, --convert_from_full_model are silently ignored by its parse_known_args)."""
+    t, n = cfg["train"], cfg["neuron"]
+    layout = Layout.from_config(n)
+    b = batch_plan(cfg)
+    extract = phase == "precompile"
+    flags = {
+        "--training_dir": f"{data}/train",
+        "--training_config": init,
+        "--tensor_parallel_size": n["tp"],
+        "--pipeline_parallel_size": n["pp"],
+        "--virtual_pipeline_size": n["vpp"],
+        "--kv_replicator": n["kv_size_multiplier"],
+        "--qkv_linear": int(layout.qkv_linear),
+        "--fuse_qkv": int(layout.fuse_qkv),
+        "--num_microbatches": b["num_microbatches"],
+        "--train_batch_size": b["train_batch_size"],
+        "--seq_len": t["seq_len"],
+        "--max_steps": n["extract_steps"] if extract else t["max_steps"],
+        "--lr": t["lr"],
+        "--min_lr": t["min_lr"],
+        "--warmup_steps": t["warmup_steps"],
+        "--constant_steps": 0,
+        "--beta1": t["beta1"],
+        "--beta2": t["beta2"],
+        "--weight_decay": t["weight_decay"],
+        "--seed": t["seed"],
+        "--use_zero1_optimizer": int(n["zero1"]),
+        "--use_fp32_optimizer": int(n["fp32_optimizer"]),
+        "--use_meta_device_init": int(n["meta_device_init"]),
+        "--use_selective_checkpoint": int(n["selective_checkpoint"]),
+        "--use_sequence_parallel": int(n["sequence_parallel"]),
+        "--use_flash_attention": int(n["flash_attention"]),
+        "--checkpoint_dir": checkpoint_dir,
+        "--checkpoint_freq": -1 if extract else t["save_interval"],
+        "--num_kept_checkpoint": t["keep_checkpoints"],
+        "--loading_step": "latest_if_exists" if t["resume"] else "-1",
+        "--pretrained_weight": 1,
+        "--save_load_xser": int(n["save_xser"]),
+        "--tb_dir": tb_dir,
+        "--metrics_file": metrics,
+        "--logging_interval": t["log_interval"],
+    }
+    out = [str(Path(n["nxd_dir"]) / SCRIPT)]
+    for k, v in flags.items():
+        out += [k, str(v)]
+    return out
+
+
+def command(cfg: dict, args: list[str], alloc: launch.Allocation | None, phase: str, python: str | None = None) -> list[str]:
+    """The launch (llmpipe.launch.plan) of `args`; precompile wraps each node's command."""
+    t, n = cfg["train"], cfg["neuron"]
+    python = python or n["python"]
+    cmd = launch.plan(args, n["cores_per_node"], t["nnodes"], t["launcher"], alloc, n["master_port"], python)
+    if phase == "precompile":
+        at = cmd.index(python)  # srun [options] PYTHON -m llmpipe launch --node-task ...  |  PYTHON -m torch.distributed.run ...
+        cmd = cmd[:at] + [COMPILE_WRAPPER] + cmd[at:]
+    return cmd
+
+
+def render(env: dict[str, str], cmd: list[str]) -> str:
+    """The environment and command as a shell script (dry runs, golden tests, the job log)."""
+    lines = [f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items())]
+    return "\n".join(lines + [shlex.join(cmd)]) + "\n"
+
+
+def check_inputs(cfg: dict, init: str, data: str, checkpoint_dir: str) -> None:
+    n, t = cfg["neuron"], cfg["train"]
+    script = Path(n["nxd_dir"]) / SCRIPT
+    if not script.is_file():
+        raise NeuronConfigError(f"{script} not found: check out a neuronx-distributed release into neuron.nxd_dir "
+                                f"(git clone --branch <release tag> https://github.com/aws-neuron/neuronx-distributed "
+                                f"{n['nxd_dir']})")
+    view = json.loads((Path(data) / "view.json").read_text())
+    if view["seq_len"] != t["seq_len"]:
+        raise NeuronConfigError(f"{data} has rows of {view['seq_len']} tokens but train.seq_len is {t['seq_len']}")
+    if not (Path(init) / "config.json").is_file():
+        raise NeuronConfigError(f"{init}/config.json missing (run_llama_nxd.py --training_config)")
+    if not (Path(checkpoint_dir) / "pretrained_weight" / "model").is_dir():
+        raise NeuronConfigError(f"{checkpoint_dir}/pretrained_weight/model missing: run neuron-shard first")
+
+
+def main(argv: list[str] | None = None, phase: str = "train") -> None:
+    p = argparse.ArgumentParser(prog=f"llmpipe neuron-{phase}", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", required=True)
+    p.add_argument("--init", required=True, help="HF model folder whose config.json the trainer reads")
+    p.add_argument("--data", required=True, help="the hf view (datasets.save_to_disk; its train/ split is read)")
+    p.add_argument("--checkpoint-dir", required=True, help="NxD checkpoint dir (pretrained_weight/ from neuron-shard)")
+    p.add_argument("--metrics", required=True, help="run_llama_nxd.py --metrics_file")
+    p.add_argument("--tb-dir", required=True)
+    p.add_argument("--out", required=True, help="JSON written on success (precompile marker / training summary)")
+    p.add_argument("--dry-run", action="store_true", help="print the environment and the command; run nothing")
+    args = p.parse_args(argv)
+    cfg = cfgmod.load(args.config)
+    try:
+        targs = trainer_args(cfg, args.init, args.data, args.checkpoint_dir, args.metrics, args.tb_dir, phase)
+        env = environment(cfg)
+        alloc = None if cfg["train"]["launcher"] == "local" else launch.slurm_allocation(os.environ)
+        cmd = command(cfg, targs, alloc, phase)
+        if args.dry_run:
+            print(render(env, cmd), end="")
+            return
+        check_inputs(cfg, args.init, args.data, args.checkpoint_dir)
+    except (NeuronConfigError, launch.LaunchError, subprocess.CalledProcessError) as exc:
+        raise SystemExit(f"llmpipe neuron-{phase}: {exc}") from None
+    print(render(env, cmd), file=sys.stderr, flush=True)
+    run_env = dict(os.environ)
+    run_env.update({**env, "PYTHONPATH": env["PYTHONPATH"] + ":" + run_env.get("PYTHONPATH", "")})
+    if cmd[0] == "srun":
+        run_env = launch.srun_env(run_env)
+    Path(args.tb_dir).mkdir(parents=True, exist_ok=True)
+    rc = subprocess.call(cmd, env=run_env)
+    if rc:
+        raise SystemExit(f"llmpipe neuron-{phase}: the {phase} command exited with {rc}")
+    record = {"phase": phase, "command": cmd, "env": env, "compile_cache": compile_cache(cfg),
+              "cc_flags": env["NEURON_CC_FLAGS"], "nodes": cfg["train"]["nnodes"], **batch_plan(cfg)}
+    if phase == "train":
+        from llmpipe.backends.neuron.merge import complete_steps
+
+        steps = complete_steps(Path(args.checkpoint_dir))
+        if not steps or steps[-1] < cfg["train"]["max_steps"]:
+            raise SystemExit(f"llmpipe neuron-train: the trainer exited 0 but {args.checkpoint_dir} has no complete "
+                             f"step_{cfg['train']['max_steps']} (complete: {steps})")
+        record["last_step"] = steps[-1]
+    write_json(args.out, record)

@@ -1,0 +1,120 @@
+"""Read slices of an HF checkpoint's tensors without loading the model.
+
+safetensors (single file or sharded with model.safetensors.index.json): the header gives each
+tensor's dtype, shape and byte range; a row range is one `os.pread`, a column range is read in blocks
+of rows. Nothing is memory-mapped: pages of a mapping count in the process's RSS once touched, so a
+mapped 1B model would show ~1x its size in RSS after one pass, while pread leaves only the slices
+we keep (the kernel's page cache is not the process's memory). `.bin` checkpoints (torch.save) are
+opened with torch.load(weights_only=True, mmap=True).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+
+import torch
+
+DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+          "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+          "BOOL": torch.bool}
+BLOCK = 16 << 20  # bytes per read for column slices
+
+
+class _SafetensorsFile:
+    def __init__(self, path: Path):
+        self.path = path
+        with open(path, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(n))
+        header.pop("__metadata__", None)
+        self.base = 8 + n
+        self.entries = header
+
+    def read(self, name: str, start: int, stop: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Rows [start, stop) of tensor `name` (dim 0), into `out` (contiguous, right shape) or a new tensor."""
+        e = self.entries[name]
+        dtype, shape = DTYPES[e["dtype"]], e["shape"]
+        if out is None:
+            out = torch.empty((stop - start, *shape[1:]), dtype=dtype)
+        if out.dtype != dtype or tuple(out.shape) != (stop - start, *shape[1:]) or not out.is_contiguous():
+            raise ValueError(f"{self.path}: {name} rows {start}:{stop} do not fit the buffer {tuple(out.shape)} {out.dtype}")
+        size = out.numel() * out.element_size()
+        offset = self.base + e["data_offsets"][0] + start * (size // max(1, stop - start))
+        view = memoryview(out.view(-1).view(torch.uint8).numpy()) if size else memoryview(b"")
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            done = 0
+            while done < size:
+                got = os.preadv(fd, [view[done:]], offset + done)
+                if got <= 0:
+                    raise OSError(f"{self.path}: short read of {name}")
+                done += got
+        finally:
+            os.close(fd)
+        return out
+
+
+class HFCheckpoint:
+    """Tensors of an HF model folder by name: shape, rows (dim-0 slice), cols (dim-1 slice)."""
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+        self._where: dict[str, object] = {}
+        self._shapes: dict[str, tuple] = {}
+        index = self.folder / "model.safetensors.index.json"
+        files = sorted(self.folder.glob("*.safetensors"))
+        if index.is_file():
+            files = sorted({self.folder / f for f in json.loads(index.read_text())["weight_map"].values()})
+        if files:
+            for f in files:
+                sf = _SafetensorsFile(f)
+                for name, e in sf.entries.items():
+                    self._where[name], self._shapes[name] = sf, tuple(e["shape"])
+        else:
+            bins = sorted(self.folder.glob("pytorch_model*.bin")) or sorted(self.folder.glob("*.bin"))
+            if not bins:
+                raise FileNotFoundError(f"{self.folder}: no *.safetensors or *.bin weights")
+            for f in bins:
+                sd = torch.load(f, map_location="cpu", weights_only=True, mmap=True)
+                for name, t in sd.items():
+                    self._where[name], self._shapes[name] = t, tuple(t.shape)
+
+    def keys(self) -> list[str]:
+        return list(self._where)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._where
+
+    def shape(self, name: str) -> tuple:
+        return self._shapes[name]
+
+    def rows(self, name: str, start: int = 0, stop: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+        stop = self._shapes[name][0] if stop is None else stop
+        src = self._where[name]
+        if isinstance(src, torch.Tensor):
+            return src[start:stop].clone() if out is None else out.copy_(src[start:stop])
+        return src.read(name, start, stop, out)
+
+    def full(self, name: str) -> torch.Tensor:
+        if not self._shapes[name]:
+            src = self._where[name]
+            return src.clone() if isinstance(src, torch.Tensor) else src.read(name, 0, 1).reshape(())
+        return self.rows(name)
+
+    def cols(self, name: str, start: int, stop: int) -> torch.Tensor:
+        """Columns [start, stop) of a 2-D tensor, read in blocks of rows."""
+        src = self._where[name]
+        if isinstance(src, torch.Tensor):
+            return src[:, start:stop].clone()
+        rows, width = self._shapes[name]
+        dtype = DTYPES[src.entries[name]["dtype"]]
+        out = torch.empty((rows, stop - start), dtype=dtype)
+        step = max(1, BLOCK // max(1, width * out.element_size()))
+        block = torch.empty((min(step, rows), width), dtype=dtype)
+        for r in range(0, rows, step):
+            n = min(rows, r + step) - r
+            out[r:r + n] = src.read(name, r, r + n, block[:n])[:, start:stop]
+        return out

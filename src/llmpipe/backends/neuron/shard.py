@@ -1,0 +1,152 @@
+"""neuron-shard: an HF Llama checkpoint -> NxD's pretrained_weight rank files.
+
+  python -m llmpipe neuron-shard --model results/default/checkpoints/init --out CKPT_DIR \\
+      --layout '{"tp": 32, "pp": 8, "kv_size_multiplier": 4, "qkv_linear": true}'
+
+writes CKPT_DIR/pretrained_weight/model/dp_rank_00_tp_rank_XX_pp_rank_YY.pt (torch.save of a flat
+dict, HF-style global names) as NxD's loader reads them with
+`run_llama_nxd.py --pretrained_weight 1 --checkpoint_dir CKPT_DIR`, and pretrained_weight/nxd_layout.json
+(the layout and the HF config, which neuron-merge reads back).
+Streaming: tensors are read slice by slice (hf_reader) and one rank file is built at a time, so peak
+memory is about one rank file, not the model (NxD's own converter loads the whole model: ~1.45x).
+Tied embeddings: lm_head is written from embed_tokens (NxD's Llama has its own lm_head).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import logging
+import re
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from llmpipe.backends.neuron.hf_reader import HFCheckpoint
+from llmpipe.backends.neuron.layout import Dims, Layout, kv_rows, layer_pp_rank, q_rows, rank_file, split
+from llmpipe.io import atomic_path, write_json
+
+log = logging.getLogger(__name__)
+
+LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+LAYER_KEYS = {"input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_proj.weight",
+              "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+              "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"}
+TOP_KEYS = {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"}
+LAYOUT_FILE = "nxd_layout.json"
+IGNORED = ("rotary_emb.inv_freq",)  # buffers some old checkpoints carry; NxD recomputes them
+
+
+def check_keys(names: list[str], d: Dims) -> None:
+    """Every tensor must be one NxD's Llama has (a clear error before any work)."""
+    expected = {"model.embed_tokens.weight", "model.norm.weight"} | {
+        f"model.layers.{i}.{k}" for i in range(d.layers) for k in LAYER_KEYS}
+    present = {n for n in names if not n.endswith(IGNORED)}
+    missing = sorted(expected - present)
+    unknown = sorted(present - expected - {"lm_head.weight"})
+    if "lm_head.weight" not in present and not d.tied:
+        missing.append("lm_head.weight (tie_word_embeddings is false)")
+    if missing or unknown:
+        raise ValueError("checkpoint does not match NxD's Llama: "
+                         + (f"missing {missing[:8]}{' ...' if len(missing) > 8 else ''}; " if missing else "")
+                         + (f"unexpected {unknown[:8]}{' ...' if len(unknown) > 8 else ''}" if unknown else ""))
+
+
+def stacked(hf: HFCheckpoint, names: list[str], ranges: list[tuple[int, int]]) -> torch.Tensor:
+    """Row ranges of several tensors one after another in one new tensor (no intermediate copies)."""
+    first = hf.shape(names[0])
+    sizes = [b - a for a, b in ranges]
+    probe = hf.rows(names[0], 0, 0)
+    out = torch.empty((sum(sizes), *first[1:]), dtype=probe.dtype)
+    at = 0
+    for name, (a, b) in zip(names, ranges):
+        hf.rows(name, a, b, out[at:at + b - a])
+        at += b - a
+    return out
+
+
+def attention_tensors(hf: HFCheckpoint, prefix: str, tp_rank: int, layout: Layout, d: Dims) -> dict[str, torch.Tensor]:
+    a = f"{prefix}.self_attn"
+    names = [f"{a}.{x}_proj.weight" for x in "qkv"]
+    ranges = [q_rows(tp_rank, layout, d), kv_rows(tp_rank, layout, d), kv_rows(tp_rank, layout, d)]
+    out = {}
+    style = layout.attention
+    if style in ("qkv_linear_fused", "coalesced"):  # per rank [q_r; k_r; v_r], read straight into place
+        out[f"{a}.qkv_proj.weight_qkv" if layout.qkv_linear else f"{a}.qkv_proj.weight"] = stacked(hf, names, ranges)
+    else:
+        q, k, v = (hf.rows(n, *r) for n, r in zip(names, ranges))
+        if style == "qkv_linear":
+            out.update({f"{a}.qkv_proj.weight_q": q, f"{a}.qkv_proj.weight_k": k, f"{a}.qkv_proj.weight_v": v})
+        else:
+            out.update({f"{a}.q_proj.weight": q, f"{a}.k_proj.weight": k, f"{a}.v_proj.weight": v})
+    out[f"{a}.o_proj.weight"] = hf.cols(f"{a}.o_proj.weight", *q_rows(tp_rank, layout, d))
+    return out
+
+
+def rank_tensors(hf: HFCheckpoint, tp_rank: int, pp_rank: int, layout: Layout, d: Dims) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) of one rank file, in model order."""
+    tp, last = layout.tp, layout.pp - 1
+    if pp_rank == 0:
+        yield "model.embed_tokens.weight", hf.rows("model.embed_tokens.weight", *split(d.vocab, tp_rank, tp))
+    owners = layer_pp_rank(d.layers, layout.pp, layout.vpp)
+    for i in range(d.layers):
+        if owners[i] != pp_rank:
+            continue
+        p = f"model.layers.{i}"
+        yield f"{p}.input_layernorm.weight", hf.full(f"{p}.input_layernorm.weight")
+        yield from attention_tensors(hf, p, tp_rank, layout, d).items()
+        yield f"{p}.post_attention_layernorm.weight", hf.full(f"{p}.post_attention_layernorm.weight")
+        rows = split(d.intermediate, tp_rank, tp)
+        yield f"{p}.mlp.gate_up_proj.weight", stacked(hf, [f"{p}.mlp.gate_proj.weight", f"{p}.mlp.up_proj.weight"], [rows, rows])
+        yield f"{p}.mlp.down_proj.weight", hf.cols(f"{p}.mlp.down_proj.weight", *rows)
+    if pp_rank == last:
+        yield "model.norm.weight", hf.full("model.norm.weight")
+        head = "lm_head.weight" if "lm_head.weight" in hf else "model.embed_tokens.weight"
+        yield "lm_head.weight", hf.rows(head, *split(d.vocab, tp_rank, tp))
+
+
+def release_freed_memory() -> None:
+    """Give the freed rank file back to the OS (glibc keeps freed heap memory otherwise, so RSS would
+    hold two rank files); a no-op where there is no glibc."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def shard(model_dir: str | Path, out_dir: str | Path, layout: Layout) -> dict:
+    """Write out_dir/pretrained_weight/{model/*.pt, nxd_layout.json}; returns the layout record."""
+    model_dir, out_dir = Path(model_dir), Path(out_dir)
+    cfg = json.loads((model_dir / "config.json").read_text())
+    d = Dims.from_hf_config(cfg)
+    layout = layout.check(d)
+    hf = HFCheckpoint(model_dir)
+    check_keys(hf.keys(), d)
+    target = out_dir / "pretrained_weight"
+    with atomic_path(target) as tmp:
+        (tmp / "model").mkdir(parents=True)
+        for pp_rank in range(layout.pp):
+            for tp_rank in range(layout.tp):
+                state = dict(rank_tensors(hf, tp_rank, pp_rank, layout, d))
+                torch.save(state, tmp / "model" / rank_file(tp_rank, pp_rank))
+                del state
+                release_freed_memory()
+        record = {"layout": layout.to_json(), "attention": layout.attention, "source": str(model_dir),
+                  "hf_config": cfg}
+        write_json(tmp / LAYOUT_FILE, record)
+        log.info("sharded %s -> %s (tp %d, pp %d, %s)", model_dir, target, layout.tp, layout.pp, layout.attention)
+    return record
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="llmpipe neuron-shard", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="HF model folder (config.json + safetensors or .bin)")
+    p.add_argument("--out", required=True, help="NxD checkpoint dir (run_llama_nxd.py --checkpoint_dir)")
+    p.add_argument("--layout", required=True, help="JSON: tp, pp, vpp, kv_size_multiplier, qkv_linear, fuse_qkv, coalesce_qkv "
+                   "(or a config JSON with a `neuron` section)")
+    args = p.parse_args(argv)
+    spec = json.loads(args.layout)
+    shard(args.model, args.out, Layout.from_config(spec.get("neuron", spec)))

@@ -1,0 +1,73 @@
+"""Mode image, inside the SageMaker container: run this package's torch trainer on the channels.
+
+SageMaker lays out /opt/ml: input/config/hyperparameters.json (llmpipe_config = the train and eval
+config as JSON, processes_per_instance), input/config/resourceconfig.json (hosts), input/data/<channel>
+(train = hf view, init = starting checkpoint, code = this source), checkpoints/ (synced with the
+job's CheckpointConfig S3 prefix, so a new attempt resumes), model/ (-> model.tar.gz: the HF-format
+model), output/data/ (-> output.tar.gz: metrics.jsonl), output/failure (the FailureReason).
+One process: python -m llmpipe train; several or several hosts: torchrun with static rendezvous on
+the first host. LLMPIPE_SM_ROOT replaces /opt/ml (tests).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+log = logging.getLogger("llmpipe.sagemaker.entry")
+
+MASTER_PORT = 29500
+
+
+def command(root: Path, hp: dict, resource: dict, out: Path, python: str = sys.executable) -> list[str]:
+    cfg = json.loads(hp["llmpipe_config"])
+    nproc = hp.get("processes_per_instance", "auto")
+    if nproc == "auto":
+        import torch
+
+        nproc = max(1, torch.cuda.device_count())
+    nproc = int(nproc)
+    hosts = resource.get("hosts", ["algo-1"])
+    rank = hosts.index(resource.get("current_host", hosts[0]))
+    data = root / "input" / "data"
+    train = ["-m", "llmpipe", "train", "--config", json.dumps(cfg), "--init", str(data / "init"),
+             "--data", str(data / "train"), "--checkpoints", str(root / "checkpoints"),
+             "--metrics", str(root / "output" / "data" / "metrics.jsonl"), "--out", str(out)]
+    if nproc == 1 and len(hosts) == 1:
+        return [python, *train]
+    return [python, "-m", "torch.distributed.run", "--nnodes", str(len(hosts)), "--node_rank", str(rank),
+            "--nproc_per_node", str(nproc), "--master_addr", hosts[0], "--master_port", str(MASTER_PORT), *train]
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    root = Path(os.environ.get("LLMPIPE_SM_ROOT", "/opt/ml"))
+    code = Path(__file__).resolve().parents[3]  # the channel folder holding llmpipe/
+    try:
+        hp = json.loads((root / "input" / "config" / "hyperparameters.json").read_text())
+        rc_path = root / "input" / "config" / "resourceconfig.json"
+        resource = json.loads(rc_path.read_text()) if rc_path.is_file() else {}
+        (root / "output" / "data").mkdir(parents=True, exist_ok=True)
+        (root / "checkpoints").mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="llmpipe-final-") as tmp:
+            out = Path(tmp) / "final"
+            cmd = command(root, hp, resource, out)
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(code), os.environ.get("PYTHONPATH")]))}
+            log.info("llmpipe from %s; running: %s", code, " ".join(cmd[:8]) + " ...")
+            subprocess.run(cmd, env=env, check=True)
+            if out.is_dir():  # written by global rank 0 only
+                model = root / "model"
+                model.mkdir(parents=True, exist_ok=True)
+                for p in out.iterdir():
+                    shutil.copy2(p, model / p.name)
+                log.info("HF model -> %s: %s", model, ", ".join(sorted(p.name for p in model.iterdir())))
+    except Exception as exc:
+        (root / "output").mkdir(parents=True, exist_ok=True)
+        (root / "output" / "failure").write_text(f"{type(exc).__name__}: {exc}"[:1000])
+        raise

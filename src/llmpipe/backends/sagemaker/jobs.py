@@ -1,0 +1,368 @@
+"""sagemaker-train: create the training job or attach to it, wait while tailing its CloudWatch logs,
+stop it on timeout or interrupt, download model.tar.gz and write the HF-format final folder.
+
+The job name is <prefix>-<run>-<key>, key = hash of the request and the uploaded files' sha256: a
+rerun with the same inputs finds the job and attaches (never a second job); changed inputs give a
+new name. A job that ended Failed or Stopped is retried as <name>-r2, -r3 ... with the same
+checkpoint S3 prefix, so the retry resumes from the last checkpoint.
+
+  python -m llmpipe sagemaker-train --config C --inputs inputs.json --metrics M --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import logging
+import re
+import shutil
+import signal
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+from botocore.exceptions import ClientError
+
+from llmpipe import config as cfgmod
+from llmpipe.backends.sagemaker import aws
+from llmpipe.backends.sagemaker.hyperparameters import (algorithm_hyperparameters, check_settings, job_name,
+                                                        request_key)
+from llmpipe.backends.sagemaker.upload import ENTRY_SCRIPT
+from llmpipe.backends.sagemaker.validate import check_request
+from llmpipe.io import atomic_path, write_json
+
+log = logging.getLogger(__name__)
+
+LOG_GROUP = "/aws/sagemaker/TrainingJobs"
+TERMINAL = ("Completed", "Failed", "Stopped")
+CHECKPOINT_LOCAL = "/opt/ml/checkpoints"
+CODE_DIR = "/opt/ml/input/data/code"
+
+
+class JobError(RuntimeError):
+    """The training job failed, was stopped, or its artifact is unusable."""
+
+
+class WaitTimeout(JobError):
+    """The job ran past sagemaker.wait_timeout_seconds (it has been asked to stop)."""
+
+
+# --- the request -------------------------------------------------------------------------------
+
+
+def build_request(cfg: dict, inputs: dict) -> dict:
+    """The create_training_job request, name and checkpoint prefix filled from the inputs' key."""
+    sm, run = cfg["sagemaker"], cfg["run"]
+    base = aws.join(sm["s3_prefix"], run)
+    if sm["mode"] == "algorithm":
+        spec = {"AlgorithmName": sm["algorithm_name"], "TrainingInputMode": "File"}
+        hp = algorithm_hyperparameters(cfg)
+    else:
+        spec = {"TrainingImage": sm["image_uri"], "TrainingInputMode": "File",
+                "ContainerEntrypoint": ["python3", f"{CODE_DIR}/{ENTRY_SCRIPT}"]}
+        hp = {"llmpipe_config": json.dumps({"train": cfg["train"], "eval": cfg["eval"]}, sort_keys=True),
+              "processes_per_instance": str(sm["processes_per_instance"] or "auto"),
+              **{k: str(v) for k, v in sm["hyperparameters"].items()}}
+    request = {
+        "AlgorithmSpecification": spec,
+        "RoleArn": sm["role_arn"],
+        "HyperParameters": hp,
+        "InputDataConfig": [
+            {"ChannelName": name, "InputMode": "File",
+             "DataSource": {"S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": ch["s3_uri"],
+                                             "S3DataDistributionType": "FullyReplicated"}}}
+            for name, ch in inputs["channels"].items()],
+        "OutputDataConfig": {"S3OutputPath": aws.join(base, "output")},
+        "ResourceConfig": {"InstanceType": sm["instance_type"], "InstanceCount": sm["instance_count"],
+                           "VolumeSizeInGB": sm["volume_size_gb"],
+                           "KeepAlivePeriodInSeconds": sm["keep_alive_seconds"]},
+        "StoppingCondition": {"MaxRuntimeInSeconds": sm["max_runtime_seconds"]},
+        "EnableNetworkIsolation": sm["network_isolation"],
+        "Tags": [{"Key": "llmpipe:run", "Value": run}]
+        + [{"Key": k, "Value": str(v)} for k, v in sorted(sm["tags"].items())],
+    }
+    key = request_key({"request": request, "files": {n: c["files"] for n, c in inputs["channels"].items()}})
+    request["TrainingJobName"] = job_name(sm["job_name_prefix"], run, key, 1)
+    request["CheckpointConfig"] = {"S3Uri": aws.join(base, "checkpoints", key) + "/", "LocalPath": CHECKPOINT_LOCAL}
+    request["Tags"].append({"Key": "llmpipe:key", "Value": key})
+    check_request("sagemaker", "CreateTrainingJob", request)
+    return request
+
+
+def _attempt_name(request: dict, attempt: int) -> str:
+    return request["TrainingJobName"] + (f"-r{attempt}" if attempt > 1 else "")
+
+
+def _describe(sm_client, name: str) -> dict | None:
+    try:
+        return sm_client.describe_training_job(TrainingJobName=name)
+    except ClientError as exc:
+        err = exc.response.get("Error", {})
+        msg = err.get("Message", "")
+        if err.get("Code") in ("ValidationException", "ValidationError", "ResourceNotFound") and (
+                "not found" in msg.lower() or "could not find" in msg.lower()):
+            return None
+        raise
+
+
+def create_or_attach(sm_client, request: dict, max_attempts: int) -> tuple[str, bool]:
+    """(job name, created). Attach to a job of this name that is running or done; after a Failed or
+    Stopped one, create the next attempt (same checkpoint prefix: it resumes)."""
+    for attempt in range(1, max_attempts + 1):
+        name = _attempt_name(request, attempt)
+        desc = _describe(sm_client, name)
+        if desc is None:
+            req = copy.deepcopy(request)
+            req["TrainingJobName"] = name
+            check_request("sagemaker", "CreateTrainingJob", req)
+            arn = sm_client.create_training_job(**req)["TrainingJobArn"]
+            log.info("created training job %s (%s)", name, arn)
+            return name, True
+        status = desc["TrainingJobStatus"]
+        if status in ("InProgress", "Completed", "Stopping"):
+            log.info("attaching to existing training job %s (%s)", name, status)
+            return name, False
+        log.info("training job %s ended %s (%s); trying the next attempt", name, status,
+                 desc.get("FailureReason", "no reason given"))
+    raise JobError(f"{request['TrainingJobName']}: {max_attempts} attempts ended Failed or Stopped "
+                   f"(sagemaker.max_attempts); see the logs above")
+
+
+# --- waiting -----------------------------------------------------------------------------------
+
+
+class LogTail:
+    """Copies new CloudWatch events of the job's streams ("<job>/algo-1-<ts>") to `write`."""
+
+    def __init__(self, logs_client, job: str, write):
+        self.logs, self.job, self.write = logs_client, job, write
+        self.tokens: dict[str, str] = {}
+
+    def poll(self) -> int:
+        n = 0
+        try:
+            pages = self.logs.get_paginator("describe_log_streams").paginate(
+                logGroupName=LOG_GROUP, logStreamNamePrefix=self.job + "/")
+            streams = sorted(s["logStreamName"] for page in pages for s in page.get("logStreams", []))
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") == "ResourceNotFoundException":
+                return 0  # no log group / stream yet
+            raise
+        for stream in streams:
+            token = self.tokens.get(stream)
+            while True:
+                kw = {"logGroupName": LOG_GROUP, "logStreamName": stream, "startFromHead": True}
+                if token:
+                    kw["nextToken"] = token
+                resp = self.logs.get_log_events(**kw)
+                for event in resp.get("events", []):
+                    self.write(stream[len(self.job) + 1:], event["message"].rstrip("\n"))
+                    n += 1
+                new = resp.get("nextForwardToken")
+                if not resp.get("events") or not new or new == token:
+                    token = new or token
+                    break
+                token = new
+            if token:
+                self.tokens[stream] = token
+        return n
+
+
+def wait(sm_client, name: str, timeout_s: float, poll_s: float, tail: LogTail | None = None,
+         clock=time.monotonic, sleep=time.sleep) -> dict:
+    """Poll until the job ends; log status changes; on timeout or interrupt stop the job and raise."""
+    deadline = clock() + timeout_s
+    last = None
+    try:
+        while True:
+            desc = sm_client.describe_training_job(TrainingJobName=name)
+            state = (desc["TrainingJobStatus"], desc.get("SecondaryStatus"))
+            if state != last:
+                log.info("%s: %s / %s%s", name, *state,
+                         f" ({desc['StatusMessage']})" if desc.get("StatusMessage") else "")
+                last = state
+            if tail:
+                tail.poll()
+            if desc["TrainingJobStatus"] in TERMINAL:
+                if desc["TrainingJobStatus"] != "Completed":
+                    raise JobError(f"training job {name} ended {desc['TrainingJobStatus']}: "
+                                   f"{desc.get('FailureReason', 'no reason given')}")
+                return desc
+            if clock() >= deadline:
+                raise WaitTimeout(f"training job {name} still {desc['TrainingJobStatus']} after {timeout_s:.0f} s "
+                                  f"(sagemaker.wait_timeout_seconds); stop requested")
+            sleep(poll_s)
+    except (WaitTimeout, KeyboardInterrupt):
+        stop(sm_client, name)
+        raise
+
+
+def stop(sm_client, name: str) -> None:
+    try:
+        sm_client.stop_training_job(TrainingJobName=name)
+        log.warning("asked SageMaker to stop training job %s", name)
+    except ClientError as exc:  # already ending: nothing to stop
+        log.warning("could not stop %s: %s", name, exc)
+
+
+# --- artifacts ---------------------------------------------------------------------------------
+
+
+def safe_extract(archive: Path, dest: Path) -> None:
+    """Extract a tar archive refusing absolute paths, '..', links out of dest and device files
+    (tarfile's "data" filter, PEP 706)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(archive) as tar:
+        absolute = [m.name for m in tar.getmembers() if m.name.startswith("/")]
+        if absolute:  # the data filter would strip the slash; such an archive is not ours
+            raise JobError(f"{archive.name}: unsafe member refused: absolute path {absolute[0]!r}")
+        try:
+            tar.extractall(dest, filter="data")
+        except tarfile.FilterError as exc:
+            raise JobError(f"{archive.name}: unsafe member refused: {exc}") from None
+
+
+def download(s3, uri: str, dest: Path) -> Path:
+    bucket, key = aws.split_uri(uri)
+    try:
+        s3.download_file(bucket, key, str(dest))
+    except ClientError as exc:
+        raise JobError(f"cannot download {uri}: {exc}") from None
+    return dest
+
+
+def find_hf(root: Path) -> Path | None:
+    """The folder holding an HF model (config.json + weights) in an extracted artifact."""
+    for cfg in sorted(root.rglob("config.json"), key=lambda p: len(p.parts)):
+        d = cfg.parent
+        if any(d.glob("*.safetensors")) or (d / "pytorch_model.bin").is_file():
+            return d
+    return None
+
+
+def to_hf(model_dir: Path, out: Path, fmt: str) -> str:
+    """Copy (HF) or convert (lit-gpt) the extracted model into `out`; returns the format found."""
+    hf = find_hf(model_dir) if fmt in ("auto", "hf") else None
+    if hf is not None:
+        shutil.copytree(hf, out, dirs_exist_ok=True)
+        return "hf"
+    if fmt in ("auto", "litgpt"):
+        from llmpipe.backends.sagemaker import litgpt
+
+        ckpt = litgpt.find_checkpoint(model_dir)
+        if ckpt is not None:
+            litgpt.convert(ckpt, out)
+            return "litgpt"
+    found = sorted(p.relative_to(model_dir).as_posix() for p in model_dir.rglob("*") if p.is_file())[:20]
+    raise JobError(f"model.tar.gz holds no {'HF or lit-gpt' if fmt == 'auto' else fmt} checkpoint "
+                   f"(sagemaker.output_format {fmt}); files: {', '.join(found) or 'none'}")
+
+
+def metrics_from_logs(lines: list[str], pattern: str, cfg: dict, train_rows: int | None) -> list[dict]:
+    """Per-step loss parsed from the algorithm's log lines (named groups step, loss, optional lr;
+    without lr the shared schedule's value for that step, marked lr_from_schedule); tokens and epoch
+    from the global batch, seq_len and the view's train rows."""
+    from llmpipe.train.schedule import lr_at
+
+    t = cfg["train"]
+    rx = re.compile(pattern)
+    recs: dict[int, dict] = {}
+    for line in lines:
+        m = rx.search(line)
+        if not m:
+            continue
+        step = int(m.group("step"))
+        seqs = step * t["global_batch_size"]
+        rec = {"step": step, "loss": float(m.group("loss")), "tokens": seqs * t["seq_len"],
+               "epoch": seqs / train_rows if train_rows else 0.0}
+        lr = m.groupdict().get("lr")
+        if lr is not None:
+            rec["lr"] = float(lr)
+        else:
+            rec["lr"] = lr_at(step - 1, t["lr"], t["min_lr"], t["warmup_steps"], t["max_steps"])
+            rec["lr_from_schedule"] = True
+        recs[step] = rec
+    return [recs[s] for s in sorted(recs)]
+
+
+def metrics_from_output(s3, desc: dict, work: Path) -> list[dict] | None:
+    """metrics.jsonl from the job's output.tar.gz (/opt/ml/output/data, mode image), if present."""
+    uri = desc["ModelArtifacts"]["S3ModelArtifacts"].rsplit("/", 1)[0] + "/output.tar.gz"
+    try:
+        download(s3, uri, work / "output.tar.gz")
+    except JobError:
+        return None
+    safe_extract(work / "output.tar.gz", work / "output")
+    found = sorted((work / "output").rglob("metrics.jsonl"))
+    if not found:
+        return None
+    return [json.loads(line) for line in found[0].read_text().splitlines() if line.strip()]
+
+
+# --- the whole step ----------------------------------------------------------------------------
+
+
+def train(cfg: dict, inputs_path: str | Path, out: str | Path, metrics_path: str | Path,
+          clients: dict | None = None, sleep=time.sleep) -> dict:
+    check_settings(cfg)
+    sm = cfg["sagemaker"]
+    inputs = json.loads(Path(inputs_path).read_text())
+    if inputs.get("mode") != sm["mode"]:
+        raise JobError(f"{inputs_path} was uploaded for mode {inputs.get('mode')!r}, config says {sm['mode']!r}")
+    request = build_request(cfg, inputs)  # validated locally before any call
+    clients = clients or aws.clients(sm["region"])
+    log.info("request: %s", json.dumps({k: v for k, v in request.items() if k != "HyperParameters"}, sort_keys=True))
+    log.info("hyperparameters: %s", json.dumps(request["HyperParameters"], sort_keys=True))
+    name, created = create_or_attach(clients["sagemaker"], request, sm["max_attempts"])
+    lines: list[str] = []
+
+    def write(stream: str, message: str) -> None:
+        lines.append(message)
+        print(f"[{stream}] {message}", flush=True)
+
+    tail = LogTail(clients["logs"], name, write) if sm["tail_logs"] else None
+    timeout = sm["wait_timeout_seconds"] or sm["max_runtime_seconds"] + 3600
+    desc = wait(clients["sagemaker"], name, timeout, sm["poll_seconds"], tail, sleep=sleep)
+    artifact = desc["ModelArtifacts"]["S3ModelArtifacts"]
+    with tempfile.TemporaryDirectory(prefix="llmpipe-sagemaker-") as tmp:
+        work = Path(tmp)
+        safe_extract(download(clients["s3"], artifact, work / "model.tar.gz"), work / "model")
+        records = metrics_from_output(clients["s3"], desc, work) if sm["mode"] == "image" else None
+        if not records:
+            records = metrics_from_logs(lines, sm["loss_regex"], cfg, inputs.get("train_rows"))
+        with atomic_path(out) as tmp_out:
+            fmt = to_hf(work / "model", tmp_out, sm["output_format"])
+            job = {"job_name": name, "job_arn": desc.get("TrainingJobArn"), "created": created,
+                   "status": desc["TrainingJobStatus"], "model_artifact": artifact, "artifact_format": fmt,
+                   "billable_seconds": desc.get("BillableTimeInSeconds"),
+                   "checkpoints": request["CheckpointConfig"]["S3Uri"], "mode": sm["mode"]}
+            write_json(tmp_out / "sagemaker_job.json", job)
+    with atomic_path(metrics_path) as tmp_m:
+        tmp_m.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
+    if not records:
+        log.warning("no per-step metrics: none in the output and no log line matched sagemaker.loss_regex")
+    log.info("%s %s -> %s (%s format, %d metric records)", name, desc["TrainingJobStatus"], out, fmt, len(records))
+    return job
+
+
+def _sigterm(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="llmpipe sagemaker-train", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", required=True)
+    p.add_argument("--inputs", required=True, help="manifest from sagemaker-upload")
+    p.add_argument("--metrics", required=True, help="metrics.jsonl to write")
+    p.add_argument("--out", required=True, help="HF-format final folder")
+    args = p.parse_args(argv)
+    signal.signal(signal.SIGTERM, _sigterm)  # Snakemake stops jobs with SIGTERM: stop the job too
+    try:
+        train(cfgmod.load(args.config), args.inputs, args.out, args.metrics)
+    except KeyboardInterrupt:
+        log.error("interrupted: the training job was asked to stop; a rerun starts the next attempt, which resumes")
+        sys.exit(130)

@@ -1,0 +1,143 @@
+"""Data mixtures: several sources with weights (as SlimPajama's seven sources or Levanter mixtures),
+sampled deterministically into the token store.
+
+`data.sources` items may be {path, weight, name}; plain strings weigh 1 and name themselves. A weight
+is the group's target share of the stored text. get_data counts each group's usable documents and
+UTF-8 bytes (one read under the same bad-record policy) and gives group g the sampling rate
+
+    rate_g = (w_g / W) * T / bytes_g,   T = min_g(bytes_g * W / w_g),   W = sum of the weights,
+
+so the scarcest group (relative to its weight) is kept whole and no document repeats. The others keep
+their documents in the order of a seeded hash of (source, record) until their byte quota is met: the
+group's `rate` is the hash threshold, and a document is kept when its hash falls below it, the same
+documents for any shard count or reading order. Shares hold in bytes to within one document and in
+tokens as far as the groups' bytes per token agree; the manifest records the real per-source and
+per-group token counts (`by_source`, `by_group`), read back from the stored document offsets.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+from llmpipe.data.sources import RECORD_BITS
+
+
+def paths(sources: list) -> list[str]:
+    """The source strings of data.sources (weighted items give their path)."""
+    return [s["path"] if isinstance(s, dict) else s for s in sources]
+
+
+def is_mixture(sources: list) -> bool:
+    return any(isinstance(s, dict) for s in sources)
+
+
+def groups(sources: list) -> list[dict]:
+    """One group per data.sources item: name, weight, path."""
+    out, seen = [], set()
+    for i, s in enumerate(sources):
+        s = s if isinstance(s, dict) else {"path": s, "weight": 1.0}
+        name = s.get("name") or f"source{i}"
+        if name in seen:
+            raise ValueError(f"data.sources: mixture name {name!r} used twice")
+        seen.add(name)
+        out.append({"name": name, "weight": float(s["weight"]), "path": s["path"]})
+    return out
+
+
+def plan(data_cfg: dict) -> tuple[list[str], dict]:
+    """(expanded sources, mixture plan) for data.sources with weights: reads every group once."""
+    from llmpipe.data.readers import ReadStats, documents
+    from llmpipe.data.sources import expand_sources
+
+    gs, expanded, group_of, mix_seed = groups(data_cfg["sources"]), [], [], data_cfg["split_seed"]
+    for g_idx, g in enumerate(gs):
+        files = expand_sources([g["path"]])
+        expanded += files
+        group_of += [g_idx] * len(files)
+        stats, hashes, sizes = ReadStats(), [], []
+        for s_idx, f in enumerate(files, start=len(expanded) - len(files)):
+            for r_idx, text in documents(f, data_cfg, stats):
+                hashes.append(_hash(mix_seed, s_idx, r_idx))
+                sizes.append(len(text.encode("utf-8", "surrogatepass")))
+        g.update(documents=stats.documents, bytes=stats.bytes)
+        g["_docs"] = (np.array(hashes), np.array(sizes, dtype=np.int64))
+        if not stats.bytes:
+            raise ValueError(f"data.sources: mixture group {g['name']!r} ({g['path']}) has no usable documents")
+    total_w = sum(g["weight"] for g in gs)
+    target = min(g["bytes"] * total_w / g["weight"] for g in gs)
+    for g in gs:
+        hashes, sizes = g.pop("_docs")
+        quota = g["weight"] / total_w * target
+        if quota >= g["bytes"] * (1 - 1e-12):  # the scarcest group (quota == bytes up to rounding)
+            g["rate"], g["bytes_kept"] = 1.0, g["bytes"]
+            continue
+        # The documents in hash order up to the group's byte quota: the threshold is the hash just past them,
+        # so a group's kept bytes equal its quota to within one document.
+        order = np.argsort(hashes, kind="stable")
+        cum = np.cumsum(sizes[order])
+        k = int(np.searchsorted(cum, quota, side="right"))
+        g["rate"] = float(hashes[order[k]]) if k < len(order) else 1.0
+        g["bytes_kept"] = int(cum[k - 1]) if k else 0
+    return expanded, {"groups": gs, "group_of_source": group_of, "seed": mix_seed}
+
+
+def load(sources_json: str | Path) -> dict | None:
+    return json.loads(Path(sources_json).read_text()).get("mixture")
+
+
+def _hash(seed: int, source_index: int, record_index: int) -> float:
+    """Seeded hash of a document's identity in [0, 1)."""
+    digest = hashlib.blake2b(f"mix:{seed}:{source_index}:{record_index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") / 2**64
+
+
+def selected(mix: dict, source_index: int, record_index: int) -> bool:
+    rate = mix["groups"][mix["group_of_source"][source_index]]["rate"]
+    return rate >= 1.0 or _hash(mix["seed"], source_index, record_index) < rate
+
+
+def keeper(mix: dict | None, source_index: int, keep):
+    """`keep` (a shard's record filter) narrowed to the mixture's sample of one source."""
+    if not mix:
+        return keep
+    return lambda r: keep(r) and selected(mix, source_index, r)
+
+
+def source_counts(shard, splits) -> dict:
+    """{source index: {split: {documents, tokens}}} of one open token shard, from its offsets and doc ids."""
+    out: dict[str, dict] = {}
+    for split in splits:
+        offs, ids = shard.get_tensor(f"{split}.offsets"), shard.get_tensor(f"{split}.doc_ids")
+        src = (ids >> RECORD_BITS).astype(np.int64)
+        lengths = np.diff(offs)
+        for s in np.unique(src):
+            mask = src == s
+            entry = out.setdefault(str(int(s)), {sp: {"documents": 0, "tokens": 0} for sp in splits})
+            entry[split] = {"documents": int(mask.sum()), "tokens": int(lengths[mask].sum())}
+    return out
+
+
+def add_counts(total: dict, part: dict) -> None:
+    for s, splits in part.items():
+        entry = total.setdefault(s, {sp: {"documents": 0, "tokens": 0} for sp in splits})
+        for sp, c in splits.items():
+            entry[sp]["documents"] += c["documents"]
+            entry[sp]["tokens"] += c["tokens"]
+
+
+def group_counts(by_source: dict, mix: dict) -> dict:
+    """Per mixture group: tokens per split, share of the train tokens, target share."""
+    total_w = sum(g["weight"] for g in mix["groups"])
+    out = {g["name"]: {"train_tokens": 0, "val_tokens": 0, "target_share": g["weight"] / total_w} for g in mix["groups"]}
+    for s, c in by_source.items():
+        g = out[mix["groups"][mix["group_of_source"][int(s)]]["name"]]
+        g["train_tokens"] += c["train"]["tokens"]
+        g["val_tokens"] += c["val"]["tokens"]
+    train = sum(g["train_tokens"] for g in out.values()) or 1
+    for g in out.values():
+        g["share"] = g["train_tokens"] / train
+    return out
