@@ -91,10 +91,24 @@ def base_model_files(wildcards):
     return [f"{base}/config.json", *weights]
 
 
-def launch_prefix():
-    """The training launch (llmpipe.launch): python, torchrun, or srun + torchrun per node."""
+def launch_prefix(python="python"):
+    """The training launch (llmpipe.launch): python, torchrun, or srun + torchrun per node, all
+    started with `python` (a backend environment's interpreter runs the launcher and what it starts)."""
     t = config["train"]
-    return f"python -m llmpipe launch --nproc-per-node {t['nproc']} --nnodes {t['nnodes']} --launcher {t['launcher']}"
+    return f"{python} -m llmpipe launch --nproc-per-node {t['nproc']} --nnodes {t['nnodes']} --launcher {t['launcher']}"
+
+
+def colossal_launch():
+    """Launch for train_colossal, ending in `-m` (the module follows): llmpipe.launch run by the
+    ColossalAI env's interpreter (so torchrun and srun's per-node launch start that interpreter), or
+    `colossalai run --hostfile` (colossal.launcher: colossalai), which starts `torchrun` from PATH."""
+    c, t = config["colossal"], config["train"]
+    py = c["python"]
+    if c["launcher"] == "colossalai":
+        hosts = f" --hostfile {c['hostfile']}" if c["hostfile"] else ""
+        return (f'bin=$({py} -c "import os, sys; print(os.path.dirname(sys.executable))"); PATH=$bin:$PATH'
+                f" $bin/colossalai run --nproc_per_node {t['nproc']}{hosts} --master_port {c['master_port']} -m")
+    return launch_prefix(py) + " -- -m"
 
 
 def train_resources():

@@ -4,18 +4,12 @@
 # torchrun per node under Slurm) or `colossalai run --hostfile` (colossal.launcher: colossalai).
 # Contract: produce the HF-format folder {RUN}/checkpoints/colossal/final.
 
-
-def colossal_launch():
-    c, t = config["colossal"], config["train"]
-    py = c["python"]
-    if c["launcher"] == "colossalai":
-        # colossalai run starts `torchrun` from PATH on every host, with this environment.
-        hosts = f" --hostfile {c['hostfile']}" if c["hostfile"] else ""
-        return (f'bin=$({py} -c "import os, sys; print(os.path.dirname(sys.executable))"); PATH=$bin:$PATH'
-                f" $bin/colossalai run --nproc_per_node {t['nproc']}{hosts} --master_port {c['master_port']} -m")
-    # launch_prefix() runs `python -m llmpipe launch`; the environment's interpreter runs it instead,
-    # so torchrun (and srun's per-node launch) start that interpreter.
-    return launch_prefix().replace("python ", f"{py} ", 1) + " -- -m"
+if config["colossal"]["launcher"] == "colossalai":
+    _hostfile = config["colossal"]["hostfile"]
+    if _hostfile and not Path(_hostfile).is_file():
+        raise WorkflowError(f"colossal.hostfile {_hostfile!r} does not exist")
+    if config["train"]["nnodes"] > 1 and not _hostfile:
+        raise WorkflowError("colossal.launcher colossalai on train.nnodes > 1 needs colossal.hostfile (one host per line)")
 
 
 rule train_colossal:
@@ -26,7 +20,7 @@ rule train_colossal:
     output:
         directory(f"{RUN}/checkpoints/colossal/final"),
     params:
-        cfg=cfg_json("train", "eval", "colossal"),
+        cfg=cfg_json("train", "eval", *(f"colossal.{k}" for k in ("plugin", "tp", "pp", "zero_stage", "gradient_checkpointing", "flash_attention"))),
         launch=colossal_launch(),
         cfg_file=f"{RUN}/train/colossal-config.json",
         checkpoints=lambda wildcards, output: Path(output[0]).parent,

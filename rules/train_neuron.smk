@@ -22,7 +22,7 @@ rule neuron_shard:
         directory(f"{NXD}/pretrained_weight"),
     params:
         layout=cfg_json(*NEURON_LAYOUT),
-        ckpt=NXD,
+        ckpt=lambda wildcards, output: Path(output[0]).parent,  # the NxD checkpoint dir
     log:
         f"{RUN}/logs/neuron_shard.log",
     conda:
@@ -42,7 +42,7 @@ rule neuron_precompile:
         f"{RUN}/checkpoints/neuron/precompile.json",
     params:
         cfg=cfg_json(*NEURON_RUN),
-        ckpt=NXD,
+        ckpt=lambda wildcards, input: Path(input.shards).parent,
         metrics=f"{RUN}/train/nxd_precompile_metrics.json",
         tb=f"{RUN}/train/tensorboard_precompile",
     resources:
@@ -66,7 +66,7 @@ rule train_neuron:
         f"{RUN}/checkpoints/neuron/train.json",
     params:
         cfg=cfg_json(*NEURON_RUN),
-        ckpt=NXD,
+        ckpt=lambda wildcards, input: Path(input.shards).parent,
         metrics=f"{RUN}/train/nxd_metrics.json",
         tb=f"{RUN}/train/tensorboard",
     resources:
@@ -88,7 +88,7 @@ rule neuron_merge:
     output:
         directory(f"{RUN}/checkpoints/neuron/final"),
     params:
-        ckpt=NXD,
+        ckpt=lambda wildcards, input: Path(input.shards).parent,
     log:
         f"{RUN}/logs/neuron_merge.log",
     conda:

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Build .venvs/levanter: the Levanter backend's own environment (CPU JAX; on a TPU VM add
-# "jax[tpu]==0.10.2", see envs/levanter.yaml). Idempotent: a stamp of the pins skips a rebuild.
-# Usage: scripts/setup-env-levanter.sh [VENV_DIR]     (~2 min and ~1.8 GB the first time)
+# Build .venvs/levanter: the Levanter backend's own environment (CPU JAX; --tpu: jax[tpu] on a
+# TPU VM, as envs/levanter.yaml). Idempotent: a stamp of the pins skips a rebuild.
+# Usage: scripts/setup-env-levanter.sh [--tpu] [VENV_DIR]   (~2 min and ~1.8 GB the first time)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+jax="jax==0.10.2"
+if [ "${1:-}" = --tpu ]; then jax="jax[tpu]==0.10.2"; shift; fi  # libtpu for TPU VMs
 venv=${1:-.venvs/levanter}
 pins=(
   "marin-levanter==0.2.20.dev202606180959"  # the maintained successor of levanter (README)
-  "jax==0.10.2" "jaxlib==0.10.2"
-  "packaging==25.0"      # < 26: newer breaks snakemake's and ray's expectations
+  "$jax" "jaxlib==0.10.2"
+  "packaging==25.0"      # as tested here (packaging < 26 with marin-levanter)
   "GitPython==3.2.1"     # imported by levanter.tracker, not declared by marin-levanter
   "jsonschema==4.26.0" "orjson==3.8.3"  # llmpipe's config and store readers in this env
 )

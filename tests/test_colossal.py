@@ -64,10 +64,41 @@ def test_cpu_refuses_gpu_only_layouts_by_name():
         check_layout({**base, "plugin": "gemini"}, 2, on_gpu=False)
     with pytest.raises(ValueError, match="tp > 1 and zero_stage > 0 need CUDA"):
         check_layout({**base, "plugin": "3d", "tp": 2}, 2, on_gpu=False)
+    with pytest.raises(ValueError, match="colossal.pp > 1 needs CUDA"):
+        check_layout({**base, "plugin": "3d", "pp": 2}, 2, on_gpu=False)
     with pytest.raises(ValueError, match="apply to plugin 3d only"):
         check_layout({**base, "tp": 2}, 2, on_gpu=True)
     with pytest.raises(ValueError, match="not a multiple of colossal.tp x colossal.pp = 4"):
         check_layout({**base, "plugin": "3d", "tp": 2, "pp": 2}, 6, on_gpu=True)
+
+
+def test_resume_fingerprint_covers_the_parallel_layout(prepared):
+    """A checkpoint resumes only under the same recipe and layout; gemini_auto (the OOM fallback)
+    resumes gemini's checkpoints; launch-only keys do not matter."""
+    from llmpipe import config as cfgmod
+    from llmpipe.backends.colossal.train import fingerprint
+
+    def fp(**colossal):
+        cfg = cfgmod.validate({**prepared["cfg"], "colossal": colossal})
+        return fingerprint(cfg, prepared["init"], prepared["view"])
+
+    base = fp(plugin="gemini")
+    assert fp(plugin="gemini_auto") == base
+    assert fp(plugin="gemini", launcher="colossalai", master_port=1234) == base
+    assert fp(plugin="3d") != base and fp(plugin="3d", tp=2) != fp(plugin="3d")
+    cfg = cfgmod.validate({**prepared["cfg"], "colossal": {"plugin": "gemini"}})
+    cfg["train"]["lr"] *= 2
+    assert fingerprint(cfg, prepared["init"], prepared["view"]) != base
+
+
+def test_colossalai_launcher_on_many_nodes_needs_a_hostfile(tmp_path):
+    over = tmp_path / "o.yaml"
+    over.write_text(yaml.safe_dump({"train": {"backend": "colossal", "nnodes": 2}, "colossal": {"launcher": "colossalai"},
+                                    "results_dir": str(tmp_path)}))
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--configfile", str(over)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "colossal.launcher colossalai on train.nnodes > 1 needs colossal.hostfile" in proc.stdout + proc.stderr
 
 
 # ---------------------------------------------------------------- through the Snakemake rule

@@ -99,6 +99,23 @@ def test_config_mapping(tmp_path):
         assert mixed_precision(auto) == want
 
 
+def test_changed_settings_refuse_to_resume(tmp_path):
+    """Checkpoints of a run id are resumed only with the settings they were trained with (paths may move)."""
+    from llmpipe.backends.levanter.train import check_resume
+
+    cfg = cfgmod.validate({"levanter": {"run_id": "r"}})
+    lev = levanter_config(cfg, tmp_path / "cache", tmp_path / "ref", tmp_path / "out")
+    check_resume(lev)  # fresh: records the settings
+    step = tmp_path / "out" / "checkpoints" / "r" / "step-3"
+    step.mkdir()
+    (step / "metadata.json").write_text("{}")
+    check_resume(levanter_config(cfg, tmp_path / "moved-cache", tmp_path / "ref2", tmp_path / "out"))
+    changed = levanter_config(cfgmod.validate({**cfg, "train": {**cfg["train"], "lr": 1e-3}}),
+                              tmp_path / "cache", tmp_path / "ref", tmp_path / "out")
+    with pytest.raises(ValueError, match=r"optimizer.learning_rate: 0.003 -> 0.001.*levanter.run_id"):
+        check_resume(changed)
+
+
 def test_dry_run_lists_levanter_rules(tmp_path):
     work = tmp_path / "repo"
     shutil.copytree(REPO, work, ignore=SKIP)
@@ -155,7 +172,7 @@ def test_rerun_resumes_from_checkpoint(trained):
     assert "No checkpoint found" in trained["first_log"]
     assert f"Loading checkpoint from {trained['run'] / 'checkpoints/levanter/checkpoints/lev'}/step-{last}" in trained["log"]
     steps = [json.loads(line.split("levanter.json_logger ", 1)[1])["step"] for line in trained["log"].splitlines()
-             if "levanter.json_logger" in line and '"train/loss"' in line]
+             if '"event": "log"' in line and '"train/loss"' in line]
     assert steps and min(steps) > last and max(steps) == STEPS - 1, (last, steps[:3], steps[-3:])
     summary = json.loads((trained["run"] / "checkpoints/levanter/final/train_summary.json").read_text())
     assert summary["resumed_from"].endswith(f"step-{last}") and summary["steps"] == STEPS

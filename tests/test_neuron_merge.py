@@ -74,7 +74,7 @@ def test_latest_complete_xser_step_is_merged(tmp_path):
     layout = Layout(tp=4, pp=2, kv_size_multiplier=2, qkv_linear=True)
     m0 = tiny_llama(tmp_path / "m0", 8, 2, False, seed=0)
     m1 = tiny_llama(tmp_path / "m1", 8, 2, False, seed=1)
-    m2 = tiny_llama(tmp_path / "m2", 8, 2, False, seed=2)
+    tiny_llama(tmp_path / "m2", 8, 2, False, seed=2)
     ckpt = tmp_path / "nxd"
     for name in ("m0", "m1", "m2"):
         shard(tmp_path / name / "hf", tmp_path / f"s-{name}", layout)
@@ -158,9 +158,9 @@ def test_cli_shard_then_merge_with_sharded_output_and_tokenizer(tmp_path):
     model = tiny_llama(tmp_path, 8, 2, False)
     env = {"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"}
     shard(tmp_path / "hf", tmp_path / "nxd", Layout(tp=2, pp=2, qkv_linear=True))
-    run = lambda *a: subprocess.run([sys.executable, "-m", "llmpipe", *a], env=env, capture_output=True, text=True)
-    r = run("neuron-merge", "--checkpoint-dir", str(tmp_path / "nxd"), "--step", "pretrained", "--out",
-            str(tmp_path / "out"), "--tokenizer", str(GPT2), "--dtype", "float32", "--max-shard-gb", "0.00001")
+    r = subprocess.run([sys.executable, "-m", "llmpipe", "neuron-merge", "--checkpoint-dir", str(tmp_path / "nxd"),
+                        "--step", "pretrained", "--out", str(tmp_path / "out"), "--tokenizer", str(GPT2),
+                        "--dtype", "float32", "--max-shard-gb", "0.00001"], env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     index = json.loads((tmp_path / "out/model.safetensors.index.json").read_text())
     files = sorted(set(index["weight_map"].values()))

@@ -6,6 +6,7 @@ without creating any output folder.
 """
 
 import math
+import re
 import subprocess
 import sys
 
@@ -88,7 +89,7 @@ def test_wrong_types_are_refused_naming_the_key(case):
     if section == "tokenizer" and key == "source" and isinstance(value, str):
         return  # any string is a valid source name
     msg = refused(with_value(section, key, value))
-    assert f"'{dotted(section, key)}'" in msg
+    assert re.search(rf"'{re.escape(dotted(section, key))}[.']", msg), msg  # the key (or an entry of it)
 
 
 BOUNDED = [(sec, key, s) for sec, key, s in LEAVES if "integer" in types_of(s) and "minimum" in s]
@@ -160,11 +161,17 @@ def test_seq_len_must_divide_by_tensor_parallel_degree(seq_len, tp):
 
 
 def test_yaml_exponent_floats_are_numbers(tmp_path):
-    """PyYAML reads `3e-4` as a string; the CLI's loader reads it as the number people mean."""
+    """PyYAML reads `3e-4` as a string; llmpipe takes it as the number people mean where a number fits."""
     f = tmp_path / "c.yaml"
     f.write_text("train:\n  lr: 3e-4\n  min_lr: 1e-5\n  eps: 1.0e-8\n")
     cfg = cfgmod.load(f)
     assert cfg["train"]["lr"] == 3e-4 and cfg["train"]["min_lr"] == 1e-5 and cfg["train"]["eps"] == 1e-8
+    # Snakemake's --configfile parses with PyYAML: the strings become numbers only where a number fits
+    parsed = yaml.safe_load(f.read_text() + "run: 1e3\n")
+    assert parsed["train"]["lr"] == "3e-4"
+    cfg = cfgmod.validate(parsed)
+    assert cfg["train"]["lr"] == 3e-4 and cfg["train"]["min_lr"] == 1e-5 and cfg["run"] == "1e3"
+    assert "'train.max_steps'" in refused({"train": {"max_steps": "1e3"}})
 
 
 @pytest.mark.parametrize("bad,key", [({"run": ".."}, "'run'"), ({"train": {"max_steps": -3}}, "'train.max_steps'")])

@@ -155,7 +155,7 @@ def test_algorithm_job_request_logs_artifact_and_attach_on_rerun(aws, prepared, 
 
     # every field of the request, as SageMaker (moto) recorded it
     d = aws["sagemaker"].describe_training_job(TrainingJobName=job["job_name"])
-    sm, t = cfg["sagemaker"], cfg["train"]
+    t = cfg["train"]
     assert d["AlgorithmSpecification"]["AlgorithmName"] == ALGORITHM
     assert d["AlgorithmSpecification"]["TrainingInputMode"] == "File"
     assert "TrainingImage" not in d["AlgorithmSpecification"]
@@ -456,7 +456,6 @@ def test_image_mode_request_and_entry_train_our_model(aws, prepared, tmp_path):
     spec = d["AlgorithmSpecification"]
     assert spec["TrainingImage"] == IMAGE and "AlgorithmName" not in spec
     entry = spec["ContainerEntrypoint"]
-    code_uri = inputs["channels"]["code"]["s3_uri"]
     assert entry[0] == "python3" and entry[1] == f"/opt/ml/input/data/code/{upload.ENTRY_SCRIPT}"
     assert upload.ENTRY_SCRIPT in inputs["channels"]["code"]["files"]
     assert {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in d["InputDataConfig"]} == {
@@ -575,3 +574,29 @@ def test_snakemake_profile_runs_against_moto(aws, tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "attaching to existing training job" in (run / "logs" / "train_sagemaker.log").read_text()
     assert len(aws["sagemaker"].list_training_jobs()["TrainingJobSummaries"]) == 1
+
+
+def test_entry_failure_reaches_the_failure_file(tmp_path):
+    """SageMaker shows /opt/ml/output/failure as the job's FailureReason."""
+    code = upload.code_folder(tmp_path / "code")
+    root = tmp_path / "opt_ml"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, str(code / upload.ENTRY_SCRIPT)], env={**env, "LLMPIPE_SM_ROOT": str(root)},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert (root / "output" / "failure").read_text().startswith("FileNotFoundError")
+    assert "hyperparameters.json" in (root / "output" / "failure").read_text()
+
+
+def test_job_names_fit_aws_limits_for_every_attempt():
+    import regex
+
+    from llmpipe.backends.sagemaker.hyperparameters import job_name
+    from llmpipe.backends.sagemaker.validate import _operation
+
+    pattern = _operation("sagemaker", "CreateTrainingJob").input_shape.members["TrainingJobName"].metadata["pattern"]
+    for run in ("default", "a" * 80, "exp_2.v1--x", "-lead.dots-"):
+        for attempt in (1, 2, 20):
+            name = job_name("llmpipe", run, "0123456789", attempt)
+            assert len(name) <= 63 and regex.fullmatch(pattern, name), name
+            assert name.endswith("-0123456789" + (f"-r{attempt}" if attempt > 1 else ""))

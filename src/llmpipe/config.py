@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import functools
 import json
 import math
 import re
@@ -19,8 +20,14 @@ class ConfigError(ValueError):
     """A config key is unknown, mistyped or out of range."""
 
 
+@functools.lru_cache(maxsize=1)
+def _schema() -> dict:
+    """Parsed once per process (validation runs for every job and every hypothesis example)."""
+    return yaml.load(SCHEMA_PATH.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
 def load_schema() -> dict:
-    return yaml.safe_load(SCHEMA_PATH.read_text())
+    return copy.deepcopy(_schema())
 
 
 def _with_defaults(validator_class):
@@ -104,7 +111,8 @@ def validate(config: dict | None) -> dict:
     Raises ConfigError naming every offending key.
     """
     config = {} if config is None else config
-    schema = load_schema()
+    schema = _schema()  # read only
+    _coerce_numbers(config, schema, schema)
     errors = sorted(_Validator(schema).iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
     if errors:
         lines = "\n".join(f"  - {_describe(e, schema)}" for e in errors)
@@ -140,15 +148,34 @@ def _cross_checks(config: dict) -> list[str]:
     return out
 
 
+EXP_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$")
+
+
+def _coerce_numbers(config, schema: dict, root: dict) -> None:
+    """PyYAML (and so Snakemake's --configfile) reads `lr: 3e-4` as a string: where only a number
+    fits, take the number meant."""
+    if not isinstance(config, dict):
+        return
+    extra = schema.get("additionalProperties")
+    for key, value in config.items():
+        sub = schema.get("properties", {}).get(key, extra if isinstance(extra, dict) else None)
+        if not isinstance(sub, dict):
+            continue
+        if "$ref" in sub:
+            sub = root["$defs"][sub["$ref"].rsplit("/", 1)[-1]]
+        types = sub.get("type", [])
+        types = [types] if isinstance(types, str) else types
+        if isinstance(value, dict):
+            _coerce_numbers(value, sub, root)
+        elif isinstance(value, str) and "number" in types and "string" not in types and EXP_FLOAT.match(value):
+            config[key] = float(value)
+
+
 class _Loader(yaml.SafeLoader):
     """YAML with YAML 1.2 / JSON floats: `lr: 3e-4` is a number, not the string PyYAML makes of it."""
 
 
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
-    list("-+0123456789."),
-)
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", EXP_FLOAT, list("-+0123456789."))
 
 
 def load(source: str | Path | dict | None) -> dict:

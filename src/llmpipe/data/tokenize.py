@@ -9,6 +9,7 @@ Memory stays flat: tokens go to temporary files as they are made.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import logging
@@ -128,7 +129,8 @@ def tokenize_shard(cfg: dict, sources: list[str], shard: int, tokenizer_dir: str
             stfile.write(tmp, tensors, meta)
         finally:
             for w in writers.values():
-                w.fh.close()
+                with contextlib.suppress(OSError):  # closing flushes: it fails again on a full disk
+                    w.fh.close()
                 w.path.unlink(missing_ok=True)
     log.info("shard %d/%d: %s, read %s, encoder %s, bos %s", shard, d["num_shards"], counts, stats.as_dict(),
              meta["encoder"], bos)

@@ -85,8 +85,10 @@ def load_base(base: str | Path, allow_pickle: bool):
 def init_model(cfg: dict, tokenizer_dir: str | Path, out_dir: str | Path) -> None:
     from transformers import LlamaForCausalLM
 
-    tok = load_tokenizer(tokenizer_dir)
     base = cfg["model"]["init_from"]
+    if base:
+        weights_format(base, cfg["model"]["allow_pickle"])  # refuse pickles before any heavy work
+    tok = load_tokenizer(tokenizer_dir)
     if base:
         model = load_base(base, cfg["model"]["allow_pickle"])
         rows = model.get_input_embeddings().weight.shape[0]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import logging
 import os
@@ -42,6 +43,8 @@ from llmpipe.train.batching import Sampler, grad_accum_steps
 from llmpipe.train.schedule import lr_at
 
 log = logging.getLogger(__name__)
+# bitsandbytes (imported by colossalai.nn through galore_torch) logs a warning about an optional CPU kernel.
+logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
 # ColossalAI's checkpoint loaders call torch.load without weights_only (torch 2.5 defaults to False).
 os.environ.setdefault("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "1")
 
@@ -89,16 +92,18 @@ def check_layout(c: dict, world: int, on_gpu: bool) -> None:
                              "for a CUDA device); on CPU use ddp or 3d with tp=pp=1, zero_stage 0")
         if c["plugin"] == "3d" and (c["tp"] > 1 or c["zero_stage"]):
             raise ValueError("colossal.tp > 1 and zero_stage > 0 need CUDA GPUs; on CPU use tp=1, zero_stage 0")
+        if c["pp"] > 1:  # without NCCL its p2p code calls torch.distributed.is_hccl_available (NPU builds only)
+            raise ValueError("colossal.pp > 1 needs CUDA GPUs (ColossalAI 0.5.0's pipeline p2p fails on CPU torch builds)")
 
 
-def make_plugin(c: dict, t: dict, precision: str, flash: bool):
+def make_plugin(c: dict, t: dict, precision: str, flash: bool, world: int):
     from colossalai.booster.plugin import GeminiPlugin, HybridParallelPlugin, LowLevelZeroPlugin, TorchDDPPlugin
 
     clip = t["grad_clip"]
     if c["plugin"] == "ddp":
         return TorchDDPPlugin()
-    if c["plugin"] in ("gemini", "gemini_auto"):
-        accum = t["global_batch_size"] // t["micro_batch_size"] > 1
+    if c["plugin"] in ("gemini", "gemini_auto"):  # data parallel over the whole world
+        accum = grad_accum_steps(t["global_batch_size"], t["micro_batch_size"], world) > 1
         return GeminiPlugin(precision=precision, placement_policy="static" if c["plugin"] == "gemini" else "auto",
                             max_norm=clip, initial_scale=1, enable_gradient_accumulation=accum,
                             enable_flash_attention=flash, verbose=False)
@@ -107,7 +112,10 @@ def make_plugin(c: dict, t: dict, precision: str, flash: bool):
     return HybridParallelPlugin(
         tp_size=c["tp"], pp_size=c["pp"], zero_stage=c["zero_stage"], precision=precision, max_norm=clip,
         microbatch_size=t["micro_batch_size"] if c["pp"] > 1 else None, initial_scale=1,
-        enable_flash_attention=flash and c["tp"] > 1, enable_fused_normalization=torch.cuda.is_available(),
+        enable_flash_attention=flash and c["tp"] > 1,
+        parallel_output=False,  # whole-vocabulary logits on every tp rank: our loss reads them
+        # ColossalAI 0.5.0 crashes (calls None) when asked for fused RMSNorm without apex
+        enable_fused_normalization=torch.cuda.is_available() and importlib.util.find_spec("apex") is not None,
     )
 
 
@@ -146,6 +154,8 @@ def fingerprint(cfg: dict, init_dir: Path, view_dir: Path) -> dict:
         h.update(hashlib.sha256((init_dir / name).read_bytes()).digest())
     view = json.loads((view_dir / "view.json").read_text())
     layout = {k: cfg["colossal"][k] for k in ("plugin", "tp", "pp", "zero_stage")}
+    if layout["plugin"] == "gemini_auto":  # same state as gemini: switching after an OOM resumes
+        layout["plugin"] = "gemini"
     return {"train": {k: v for k, v in sorted(cfg["train"].items()) if k not in RESUME_NEUTRAL},
             "colossal": layout, "init_sha256": h.hexdigest(), "view": view["fingerprint"]}
 
@@ -252,7 +262,12 @@ class Layout:
         stage = getattr(plugin, "stage_manager", None)
         self.last_stage = stage.is_last_stage() if self.pipeline else True
         # Ranks holding the same value: the tp ranks of a replica (of its last stage, with pp).
+        self.amp = False
         self.copies = dist.get_world_size() // self.dp_size // (getattr(plugin, "pp_size", 1) if self.pipeline else 1)
+
+    def autocast(self, device: torch.device):
+        """bf16 autocast for the ddp plugin (the other plugins cast the model themselves)."""
+        return torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.amp)
 
     def sum_replicas(self, value: torch.Tensor) -> torch.Tensor:
         """Sum over the world of a per-rank value, each data-parallel replica counted once."""
@@ -285,8 +300,9 @@ def train(cfg: dict, init_dir, data_dir, ckpt_root, metrics_path, out_dir, token
     sampler = Sampler(len(train_ds), t["seed"])
 
     attn = attention_impl(c["flash_attention"], on_gpu)
-    plugin = make_plugin(c, t, precision, attn != "sdpa" or on_gpu and c["flash_attention"])
+    plugin = make_plugin(c, t, precision, attn != "sdpa" or on_gpu and c["flash_attention"], dist.get_world_size())
     lay = Layout(plugin)
+    lay.amp = c["plugin"] == "ddp" and precision == "bf16"
     accum = grad_accum_steps(t["global_batch_size"], t["micro_batch_size"], lay.dp_size)
     torch.manual_seed(t["seed"])
     model = AutoModelForCausalLM.from_pretrained(str(init_dir), torch_dtype=torch.float32, attn_implementation=attn,
@@ -352,7 +368,7 @@ def train(cfg: dict, init_dir, data_dir, ckpt_root, metrics_path, out_dir, token
         else:
             for i, b in enumerate(batches):
                 ctx = booster.no_sync(model, optimizer) if (i < len(batches) - 1 and c["plugin"] == "ddp") else _null()
-                with ctx:
+                with ctx, lay.autocast(device):
                     part, _ = loss_sum(model, to_dev(b))
                     # Plugins average gradients over data-parallel ranks: scale to the global token mean.
                     booster.backward(part * lay.dp_size / gcount, optimizer)
@@ -438,7 +454,8 @@ def evaluate(model, dataset, batch_size: int, lay: Layout, device, booster) -> t
                 total += kept["sum"]
                 count += kept["n"]
         else:
-            part, n = loss_sum(model, b)
+            with lay.autocast(device):
+                part, n = loss_sum(model, b)
             total += part.double()
             count += n
     model.train(was)
@@ -502,4 +519,11 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     warnings.filterwarnings("ignore", message=".*(apex|tensornvme|TensorNVMe).*")
     cfg = cfgmod.load(args.config)
-    train(cfg, args.init, args.data, args.checkpoints, args.metrics, args.out, args.tokenizer, args.stop_after)
+    try:
+        train(cfg, args.init, args.data, args.checkpoints, args.metrics, args.out, args.tokenizer, args.stop_after)
+    except torch.cuda.OutOfMemoryError as exc:
+        fix = ("set colossal.plugin: gemini_auto (Gemini placing chunks in CPU memory too; it resumes this run's "
+               "checkpoints)" if cfg["colossal"]["plugin"] == "gemini" else
+               "turn on colossal.gradient_checkpointing, lower train.micro_batch_size, or use colossal.plugin gemini_auto")
+        raise SystemExit(f"llmpipe train-colossal: out of GPU memory with colossal.plugin {cfg['colossal']['plugin']}: "
+                         f"{fix}. ({str(exc).splitlines()[0]})") from None

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from llmpipe.backends.levanter import require_levanter
 from llmpipe.data.token_store import TokenStore
 from llmpipe.io import atomic_path, write_json
 
@@ -40,6 +41,7 @@ def write_split(store: TokenStore, split: str, folder: Path) -> dict:
 
 
 def write_cache(manifest: str | Path, out: str | Path) -> dict:
+    require_levanter()
     store = TokenStore(manifest)
     info = {"store": str(manifest), "fingerprint": store.manifest["fingerprint"], "splits": {}}
     with atomic_path(out) as tmp:

@@ -21,11 +21,11 @@ The mapping (the one place it lives; README "TPU path with Levanter" repeats it)
   model.*                      model (type llama): hidden_dim, intermediate_dim, num_layers, num_heads,
                                num_kv_heads, layer_norm_epsilon, rope.theta, tie_word_embeddings,
                                initializer_range
-  model.init_from              initialize_from_hf: <run>/checkpoints/init (init_model's local copy of the base
-                               model) + use_hf_model_config: true (continued pre-training)
+  model.init_from              initialize_from_hf: the reference folder (links to init_model's local copy of the
+                               base model) + use_hf_model_config: true (continued pre-training)
   data.shuffle                 data.shuffle (Levanter's own seeded permutation of the packed sequences)
-  tokenizer                    data.tokenizer, model.tokenizer: <run>/tokenizer (local); model.reference_checkpoint:
-                               <run>/checkpoints/init (local config.json: no hub access)
+  tokenizer, init checkpoint   data.tokenizer, model.tokenizer, model.reference_checkpoint: the local reference
+                               folder (reference_folder: tokenizer + config.json + init weights; no hub access)
   levanter.run_id (or run)     trainer.id: fixed, so a rerun resumes from <output>/checkpoints/<id>/step-N
   levanter.extra               merged last, key by key: any other Levanter setting
 

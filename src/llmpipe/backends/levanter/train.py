@@ -2,7 +2,8 @@
 export into the backend's `final/` folder. Runs in the Levanter environment.
 
 - Resume: the config's trainer.id is fixed, so a rerun continues from the newest complete checkpoint
-  under <output>/checkpoints/<id>/ (Levanter's own discovery); a finished run trains no step again.
+  under <output>/checkpoints/<id>/ (Levanter's own discovery); a finished run trains no step again;
+  checkpoints made with other settings are refused (llmpipe-settings.json beside them).
 - Metrics: Levanter's json_logger lines (stdout/stderr) become <metrics> (metrics.jsonl, one line per
   step: step, loss, lr, tokens, tokens_per_s, epoch; val_loss at eval steps; grad_norm where Levanter
   logs it), merged with an interrupted run's. Levanter logs from its third step on.
@@ -26,6 +27,7 @@ from pathlib import Path
 import fsspec
 import yaml
 
+from llmpipe.backends.levanter import require_levanter
 from llmpipe.io import atomic_path, write_json
 
 log = logging.getLogger(__name__)
@@ -95,7 +97,36 @@ def latest_export(hf_root: str) -> tuple[str, int] | None:
     return (fs.unstrip_protocol(best[0]) if "://" in hf_root else best[0], best[1]) if best else None
 
 
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def check_resume(lev: dict) -> None:
+    """Refuse to resume checkpoints trained with other settings (hyperparameters, model, data order);
+    paths and logging may change. Records this run's settings beside its checkpoints."""
+    skip = {"trainer.log_dir", "trainer.checkpointer.base_path", "model.tokenizer", "model.reference_checkpoint",
+            "initialize_from_hf", "hf_save_path", "data.tokenizer", "data.cache_dir", "data.components.llmpipe.cache_dir"}
+    want = {k: v for k, v in _flat(lev).items() if k not in skip and not k.startswith("trainer.tracker")}
+    root = f"{lev['trainer']['checkpointer']['base_path']}/{lev['trainer']['id']}"
+    fs, path = fsspec.core.url_to_fs(root)
+    record = f"{path}/llmpipe-settings.json"
+    if fs.exists(record) and fs.glob(f"{path}/step-*/metadata.json"):
+        have = json.loads(fs.cat_file(record))
+        diff = sorted(k for k in want.keys() | have.keys() if want.get(k) != have.get(k))
+        if diff:
+            changes = ", ".join(f"{k}: {have.get(k)!r} -> {want.get(k)!r}" for k in diff)
+            raise ValueError(f"checkpoints in {root} were trained with other settings ({changes}): "
+                             "set a new levanter.run_id, or delete that folder to start again")
+    fs.makedirs(path, exist_ok=True)
+    with fs.open(record, "w") as fh:
+        fh.write(json.dumps(want, indent=1, sort_keys=True))
+
+
 def run(config_path: str | Path, out: str | Path, metrics: str | Path | None, jax_platforms: str = "") -> dict:
+    require_levanter()
     lev = yaml.safe_load(Path(config_path).read_text())
     run_id, steps = lev["trainer"]["id"], lev["trainer"]["num_train_steps"]
     env = {**os.environ, **OFFLINE}
@@ -110,16 +141,20 @@ def run(config_path: str | Path, out: str | Path, metrics: str | Path | None, ja
     resumed_from = None
     ckpt = f"{lev['trainer']['checkpointer']['base_path']}/{run_id}/step-{steps - 1}/metadata.json"
     found = latest_export(f"{lev['hf_save_path']}/{run_id}")
-    if found and found[1] + 1 == steps and fsspec.core.url_to_fs(ckpt)[0].exists(fsspec.core.url_to_fs(ckpt)[1]):
+    fs, ckpt_path = fsspec.core.url_to_fs(ckpt)
+    if found and found[1] + 1 == steps and fs.exists(ckpt_path):
         log.info("run %s already finished (%s and the last HF export exist): not training again", run_id, ckpt)
-        resumed_from = str(Path(ckpt).parent)
+        resumed_from = ckpt.rsplit("/", 1)[0]
         rec.write()
     else:
+        check_resume(lev)
         log.info("running %s", " ".join(cmd))
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
         for line in proc.stdout:
             sys.stderr.write(line)
             rec.add(line)
+            if "Saving checkpoint" in line:
+                rec.write()  # the checkpointed step's record survives an interruption
             m = RESUMED.search(line)
             if m:
                 resumed_from = m.group(1)

@@ -9,7 +9,8 @@ CKPT_DIR/pretrained_weight/nxd_layout.json. Inverse of neuron-shard: fused QKV i
 per-rank sizes (q heads/tp x head_dim, then kv rows), not in equal thirds as NxD's converter does;
 replicated KV heads are taken from their first replica (and checked against the others); the trn1
 query-head regrouping of q_proj and o_proj is undone. Output tensors stream into safetensors files of
-at most --max-shard-gb each (+ index), cast to --dtype (bfloat16 by default).
+at most --max-shard-gb each (+ index), written as they are merged (one tensor in memory), cast to
+--dtype (bfloat16 by default).
 """
 
 from __future__ import annotations
@@ -17,14 +18,15 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import re
+import struct
 from pathlib import Path
 from typing import Iterator
 
 import torch
-from safetensors.torch import save_file
 
-from llmpipe.backends.neuron.layout import Dims, Layout, kv_rows, layer_pp_rank, q_group, q_rows, rank_file
+from llmpipe.backends.neuron.layout import Dims, Layout, kv_rows, layer_pp_rank, q_group, rank_file
 from llmpipe.backends.neuron.shard import LAYOUT_FILE
 from llmpipe.backends.neuron.xser import RankFile
 from llmpipe.io import atomic_path, write_json
@@ -97,6 +99,11 @@ class Shards:
                 raise ValueError(f"{f.path} does not match layout {layout.attention} (tp {layout.tp}, pp {layout.pp}): "
                                  f"missing {sorted(want - have)[:6]}, unexpected {sorted(have - want)[:6]}")
 
+    def release(self, p: int) -> None:
+        """Drop pp rank p's files (their memory maps go with the last tensor that uses them)."""
+        for t in range(self.layout.tp):
+            self.files.pop((t, p), None)
+
     def get(self, t: int, p: int, name: str) -> torch.Tensor:
         return self.files[(t, p)].get(name)
 
@@ -143,7 +150,8 @@ def hf_tensors(s: Shards) -> Iterator[tuple[str, torch.Tensor]]:
     """(HF name, full tensor) in HF order: embeddings, layers, norm, lm_head."""
     layout, d = s.layout, s.d
     yield "model.embed_tokens.weight", s.cat(0, "model.embed_tokens.weight", 0)
-    for i, p in enumerate(layer_pp_rank(d.layers, layout.pp, layout.vpp)):
+    owners = layer_pp_rank(d.layers, layout.pp, layout.vpp)
+    for i, p in enumerate(owners):
         pre = f"model.layers.{i}"
         yield f"{pre}.input_layernorm.weight", s.get(0, p, f"{pre}.input_layernorm.weight")
         yield from _attention(s, p, i).items()
@@ -152,9 +160,71 @@ def hf_tensors(s: Shards) -> Iterator[tuple[str, torch.Tensor]]:
         yield f"{pre}.mlp.gate_proj.weight", torch.cat(gate, 0)
         yield f"{pre}.mlp.up_proj.weight", torch.cat(up, 0)
         yield f"{pre}.mlp.down_proj.weight", s.cat(p, f"{pre}.mlp.down_proj.weight", 1)
+        if layout.vpp == 1 and p < layout.pp - 1 and owners[i + 1] != p:
+            s.release(p)  # this pp rank is done (the last one still holds norm and lm_head)
     last = layout.pp - 1
     yield "model.norm.weight", s.get(0, last, "model.norm.weight")
     yield "lm_head.weight", s.cat(last, "lm_head.weight", 0)
+
+
+def hf_shapes(d: Dims, tied: bool) -> list[tuple[str, tuple]]:
+    """(name, shape) of the HF Llama's tensors in the order hf_tensors yields them."""
+    h, q, kv = d.hidden, d.heads * d.head_dim, d.kv_heads * d.head_dim
+    out = [("model.embed_tokens.weight", (d.vocab, h))]
+    for i in range(d.layers):
+        p = f"model.layers.{i}"
+        out += [(f"{p}.input_layernorm.weight", (h,)), (f"{p}.self_attn.q_proj.weight", (q, h)),
+                (f"{p}.self_attn.k_proj.weight", (kv, h)), (f"{p}.self_attn.v_proj.weight", (kv, h)),
+                (f"{p}.self_attn.o_proj.weight", (h, q)), (f"{p}.post_attention_layernorm.weight", (h,)),
+                (f"{p}.mlp.gate_proj.weight", (d.intermediate, h)), (f"{p}.mlp.up_proj.weight", (d.intermediate, h)),
+                (f"{p}.mlp.down_proj.weight", (h, d.intermediate))]
+    out.append(("model.norm.weight", (h,)))
+    if not tied:
+        out.append(("lm_head.weight", (d.vocab, h)))
+    return out
+
+
+def plan_files(shapes: list[tuple[str, tuple]], dtype: torch.dtype, max_bytes: int) -> dict[str, list]:
+    """Tensors per output file, in order, each file at most max_bytes (HF names: model.safetensors, or
+    model-0000i-of-0000n.safetensors)."""
+    size = torch.empty((), dtype=dtype).element_size()
+    groups, current, used = [], [], 0
+    for name, shape in shapes:
+        nbytes = math.prod(shape) * size
+        if current and used + nbytes > max_bytes:
+            groups.append(current)
+            current, used = [], 0
+        current.append((name, shape))
+        used += nbytes
+    groups.append(current)
+    if len(groups) == 1:
+        return {"model.safetensors": groups[0]}
+    return {f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors": g for i, g in enumerate(groups)}
+
+
+ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
+
+
+def write_safetensors(path: Path, entries: list[tuple[str, tuple]], tensors, dtype: torch.dtype) -> None:
+    """Stream tensors into one safetensors file: the header (known from the shapes) first, then each
+    tensor's bytes as it is produced, so only one tensor is in memory (safetensors' save_file needs
+    them all). The format: 8-byte little-endian header size, JSON header (padded to 8 bytes), data."""
+    size = torch.empty((), dtype=dtype).element_size()
+    header, at = {"__metadata__": {"format": "pt"}}, 0
+    for name, shape in entries:
+        n = math.prod(shape) * size
+        header[name] = {"dtype": ST_DTYPES[dtype], "shape": list(shape), "data_offsets": [at, at + n]}
+        at += n
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(path, "wb") as fh:
+        fh.write(struct.pack("<Q", len(raw)) + raw)
+        for name, shape in entries:
+            got, t = next(tensors)
+            if got != name or tuple(t.shape) != tuple(shape):
+                raise ValueError(f"merge: expected {name} {shape}, got {got} {tuple(t.shape)}")
+            t = t.to(dtype).contiguous()
+            fh.write(memoryview(t.view(-1).view(torch.uint8).numpy()))
 
 
 def merge(ckpt_dir: str | Path, out_dir: str | Path, tokenizer: str | Path | None = None, step: str = "latest",
@@ -182,29 +252,19 @@ def merge(ckpt_dir: str | Path, out_dir: str | Path, tokenizer: str | Path | Non
             tied = False
     cfg["tie_word_embeddings"] = tied
 
+    plan = plan_files(hf_shapes(d, tied), torch_dtype, max_shard_bytes)
     with atomic_path(out_dir) as tmp:
         tmp.mkdir(parents=True)
-        weight_map, batch, size, files = {}, {}, 0, []
-
-        def flush():
-            nonlocal batch, size
-            if batch:
-                name = f"part-{len(files):05d}.safetensors"
-                save_file(batch, str(tmp / name), metadata={"format": "pt"})
-                files.append(name)
-                weight_map.update({k: name for k in batch})
-                batch, size = {}, 0
-
-        for name, tensor in hf_tensors(shards):
-            if tied and name == "lm_head.weight":
-                continue
-            t = tensor.to(torch_dtype).contiguous()
-            nbytes = t.numel() * t.element_size()
-            if batch and size + nbytes > max_shard_bytes:
-                flush()
-            batch[name], size = t, size + nbytes
-        flush()
-        weight_map = _name_files(tmp, files, weight_map)
+        tensors = ((n, t) for n, t in hf_tensors(shards) if not (tied and n == "lm_head.weight"))
+        for fname, entries in plan.items():
+            write_safetensors(tmp / fname, entries, tensors, torch_dtype)
+        if (extra := next(tensors, None)) is not None:
+            raise ValueError(f"merge: {extra[0]} was not planned")
+        weight_map = {name: fname for fname, entries in plan.items() for name, _ in entries}
+        if len(plan) > 1:
+            total = sum((tmp / f).stat().st_size for f in plan)
+            index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+            (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
         from transformers import LlamaConfig
 
         config = LlamaConfig.from_dict(cfg)
@@ -220,20 +280,6 @@ def merge(ckpt_dir: str | Path, out_dir: str | Path, tokenizer: str | Path | Non
         write_json(tmp / "merge.json", summary)
     log.info("merged %s -> %s (%s, %d file(s))", folder, out_dir, dtype, len(summary["files"]))
     return summary
-
-
-def _name_files(folder: Path, files: list[str], weight_map: dict) -> dict:
-    """HF names: model.safetensors, or model-0000i-of-0000n.safetensors + model.safetensors.index.json."""
-    if len(files) == 1:
-        (folder / files[0]).rename(folder / "model.safetensors")
-        return {k: "model.safetensors" for k in weight_map}
-    names = {f: f"model-{i + 1:05d}-of-{len(files):05d}.safetensors" for i, f in enumerate(files)}
-    for old, new in names.items():
-        (folder / old).rename(folder / new)
-    total = sum((folder / n).stat().st_size for n in names.values())
-    index = {"metadata": {"total_size": total}, "weight_map": {k: names[v] for k, v in weight_map.items()}}
-    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
-    return index["weight_map"]
 
 
 def main(argv: list[str] | None = None) -> None:

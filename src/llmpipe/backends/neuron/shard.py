@@ -107,13 +107,27 @@ def rank_tensors(hf: HFCheckpoint, tp_rank: int, pp_rank: int, layout: Layout, d
         yield "lm_head.weight", hf.rows(head, *split(d.vocab, tp_rank, tp))
 
 
-def release_freed_memory() -> None:
-    """Give the freed rank file back to the OS (glibc keeps freed heap memory otherwise, so RSS would
-    hold two rank files); a no-op where there is no glibc."""
+def _libc():
     try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+        return ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc: nothing to tune
+        return None
+
+
+def map_large_allocations() -> None:
+    """glibc raises its mmap threshold after big frees, then serves later tensors from the heap, where
+    freed read buffers stay in RSS between live tensors; a fixed 1 MiB threshold maps every tensor
+    and returns it to the OS when freed."""
+    libc = _libc()
+    if libc is not None and hasattr(libc, "mallopt"):
+        libc.mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
+
+
+def release_freed_memory() -> None:
+    """Return freed heap memory to the OS between rank files."""
+    libc = _libc()
+    if libc is not None and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
 
 
 def shard(model_dir: str | Path, out_dir: str | Path, layout: Layout) -> dict:
@@ -124,6 +138,7 @@ def shard(model_dir: str | Path, out_dir: str | Path, layout: Layout) -> dict:
     layout = layout.check(d)
     hf = HFCheckpoint(model_dir)
     check_keys(hf.keys(), d)
+    map_large_allocations()
     target = out_dir / "pretrained_weight"
     with atomic_path(target) as tmp:
         (tmp / "model").mkdir(parents=True)

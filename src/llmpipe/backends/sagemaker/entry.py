@@ -11,6 +11,7 @@ the first host. LLMPIPE_SM_ROOT replaces /opt/ml (tests).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
@@ -23,6 +24,15 @@ from pathlib import Path
 log = logging.getLogger("llmpipe.sagemaker.entry")
 
 MASTER_PORT = 29500
+# Imported by the trainer; the image must bring them (network isolation: nothing installs at start).
+REQUIRED = ("torch", "transformers", "datasets", "safetensors", "jsonschema", "yaml", "numpy", "tqdm")
+
+
+def check_image() -> None:
+    missing = [m for m in REQUIRED if importlib.util.find_spec(m) is None]
+    if missing:
+        raise RuntimeError(f"the training image lacks {', '.join(missing)}: use an image built FROM the PyTorch "
+                           f"container with llmpipe's pinned dependencies (pyproject.toml)")
 
 
 def command(root: Path, hp: dict, resource: dict, out: Path, python: str = sys.executable) -> list[str]:
@@ -50,6 +60,7 @@ def main() -> None:
     root = Path(os.environ.get("LLMPIPE_SM_ROOT", "/opt/ml"))
     code = Path(__file__).resolve().parents[3]  # the channel folder holding llmpipe/
     try:
+        check_image()
         hp = json.loads((root / "input" / "config" / "hyperparameters.json").read_text())
         rc_path = root / "input" / "config" / "resourceconfig.json"
         resource = json.loads(rc_path.read_text()) if rc_path.is_file() else {}

@@ -76,8 +76,8 @@ def job_name(prefix: str, run: str, key: str, attempt: int) -> str:
     key: a hash of everything the job depends on, so the same inputs give the same name (a rerun
     attaches) and changed inputs a new job."""
     stem = re.sub(r"[^A-Za-z0-9-]+", "-", f"{prefix}-{run}").strip("-")
-    tail = f"-{key}" + (f"-r{attempt}" if attempt > 1 else "")
-    return re.sub(r"-{2,}", "-", stem[: 63 - len(tail)].rstrip("-") + tail)
+    stem = re.sub(r"-{2,}", "-", stem)[: 63 - len(f"-{key}-r20")].rstrip("-")  # room for any attempt suffix
+    return f"{stem}-{key}" + (f"-r{attempt}" if attempt > 1 else "")
 
 
 def request_key(parts: dict) -> str:

@@ -93,7 +93,7 @@ def build_request(cfg: dict, inputs: dict) -> dict:
 
 
 def _attempt_name(request: dict, attempt: int) -> str:
-    return request["TrainingJobName"] + (f"-r{attempt}" if attempt > 1 else "")
+    return request["TrainingJobName"] + (f"-r{attempt}" if attempt > 1 else "")  # job_name left room
 
 
 def _describe(sm_client, name: str) -> dict | None:
@@ -327,7 +327,8 @@ def train(cfg: dict, inputs_path: str | Path, out: str | Path, metrics_path: str
     timeout = sm["wait_timeout_seconds"] or sm["max_runtime_seconds"] + 3600
     desc = wait(clients["sagemaker"], name, timeout, sm["poll_seconds"], tail, sleep=sleep)
     artifact = desc["ModelArtifacts"]["S3ModelArtifacts"]
-    with tempfile.TemporaryDirectory(prefix="llmpipe-sagemaker-") as tmp:
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".sagemaker-download-", dir=Path(out).parent) as tmp:  # beside out: model-sized
         work = Path(tmp)
         safe_extract(download(clients["s3"], artifact, work / "model.tar.gz"), work / "model")
         records = metrics_from_output(clients["s3"], desc, work) if sm["mode"] == "image" else None

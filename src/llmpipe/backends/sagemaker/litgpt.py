@@ -60,7 +60,7 @@ def hf_state_dict(sd: dict, c: dict) -> dict:
         i, rest = parts[2], parts[3]
         if rest in ("attn.qkv.weight", "attn.attn.weight"):
             q, k, v = split_qkv(w, rest, n_head, n_groups, head)
-            for name, t in zip("qkv", (q, k, v)):
+            for name, t in zip("qkv", (q, k, v), strict=True):
                 out[f"model.layers.{i}.self_attn.{name}_proj.weight"] = t.contiguous()
         elif rest in layer:
             out[f"model.layers.{i}.{layer[rest]}"] = w

@@ -1,0 +1,214 @@
+"""Training throughput on GPUs: the colossal backend's plugins against the torch backend, same GPUs,
+same run. Tokens/s per GPU, MFU and peak memory for a ~1B and the Llama-2-7B shape at seq 4096.
+
+  .venvs/colossal/bin/python benchmarks/colossal_gpu_throughput.py [--gpus 8] [--shapes 1b,7b] \\
+      [--plugins gemini,gemini_auto,zero2,torch] [--micro 1] [--steps 10] [--out throughput.json]
+  ... --tiny       # a seconds-long check of the script itself on CPU (ddp + torch, gloo)
+
+Run it with the ColossalAI environment's interpreter (envs/colossal.yaml) on a GPU machine. Each
+(shape, plugin) case is its own `torchrun --standalone --nproc_per_node GPUS` process, so an OOM
+is recorded as such and frees everything. Random tokens (throughput does not depend on them);
+global batch = micro x GPUs (no accumulation); warmup steps are not timed.
+
+  colossal plugins   what rules/train_colossal.smk runs: llmpipe.backends.colossal.train's plugin,
+                     optimizer (HybridAdam), bf16, SDPA / flash-attn, gradient checkpointing (--no-gc
+                     turns it off)
+  torch              what the torch backend runs: fp32 weights + bf16 autocast, torch AdamW, DDP
+                     over the GPUs, no gradient checkpointing (OOM for 7B on 80 GB: 16 B/parameter)
+
+MFU = tokens/s/GPU x FLOPs per token (llmpipe.plan: 6 N_matmul + 12 L d s) / peak dense BF16 of the
+GPU (--peak-tflops, else by name: H100/H200 989, A100 312).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+SHAPES = {  # Llama shapes (HF config names); 1b: TinyLlama-1.1B's layout without GQA
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                 vocab_size=512),
+    "1b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
+               num_key_value_heads=32, vocab_size=32000),
+    "7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+               num_key_value_heads=32, vocab_size=32000),
+}
+PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
+
+
+# ---------------------------------------------------------------- one case (inside torchrun)
+
+def run_case(case: dict) -> dict:
+    import torch
+    import torch.distributed as dist
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from llmpipe import config as cfgmod
+    from llmpipe.backends.colossal import train as ct
+    from llmpipe.plan import Shape, flops_per_token, matmul_parameters, parameters
+
+    on_gpu = torch.cuda.is_available()
+    seq, micro, plugin_name = case["seq"], case["micro"], case["plugin"]
+    hf = LlamaConfig(**SHAPES[case["shape"]], max_position_embeddings=seq, rope_theta=10000.0)
+    t = cfgmod.load(None)["train"]
+    t.update(seq_len=seq, micro_batch_size=micro, max_steps=1000, warmup_steps=10)
+    ct.init_distributed()
+    world, rank = dist.get_world_size(), dist.get_rank()
+    t["global_batch_size"] = micro * world
+    device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+    attn = ct.attention_impl(True, on_gpu)
+    torch.manual_seed(0)
+
+    if plugin_name == "torch":  # llmpipe.backends.torch.train's step
+        from llmpipe.backends.torch.train import autocast_dtype, build_optimizer
+        from llmpipe.train.loss import lm_loss_sum
+
+        model = LlamaForCausalLM._from_config(hf, attn_implementation=attn, torch_dtype=torch.float32).to(device)
+        opt, sched = build_optimizer(model, t)
+        net = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
+        amp = autocast_dtype("auto", device)
+
+        def step(ids):
+            with torch.autocast(device.type, dtype=amp or torch.bfloat16, enabled=amp is not None):
+                loss, n = lm_loss_sum(net, ids, ids)
+            (loss / n).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), t["grad_clip"])
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+    else:
+        from colossalai.booster import Booster
+        from colossalai.lazy import LazyInitContext
+
+        c = {"plugin": plugin_name, "tp": 1, "pp": 1, "zero_stage": 0}
+        precision = ct.precision_of(t, plugin_name, on_gpu)
+        plugin = ct.make_plugin(c, t, precision, attn != "sdpa" or on_gpu, world)
+        ctx = LazyInitContext(default_device=device) if plugin_name != "ddp" else contextlib.nullcontext()
+        with ctx:
+            model = LlamaForCausalLM._from_config(hf, attn_implementation=attn, torch_dtype=torch.float32)
+        if case["gc"]:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.train()
+        opt, sched = ct.build_optimizer(model, t, on_gpu)
+        booster = Booster(plugin=plugin)
+        model, opt, _, _, sched = booster.boost(model, opt, lr_scheduler=sched)
+
+        def step(ids):
+            loss, n = ct.loss_sum(model, {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids})
+            booster.backward(loss / n, opt)
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+
+    gen = torch.Generator().manual_seed(rank)
+    batches = [torch.randint(0, hf.vocab_size, (micro, seq), generator=gen).to(device) for _ in range(2)]
+    sync = torch.cuda.synchronize if on_gpu else (lambda: None)
+    for i in range(case["warmup"]):
+        step(batches[i % 2])
+    sync()
+    dist.barrier()
+    start = time.perf_counter()
+    for i in range(case["steps"]):
+        step(batches[i % 2])
+    sync()
+    dist.barrier()
+    elapsed = time.perf_counter() - start
+    shape = Shape.from_hf(hf.to_dict())
+    n = parameters(shape)
+    tok_s_gpu = case["steps"] * micro * seq / elapsed
+    out = {**case, "world": world, "parameters": n, "attention": attn, "step_s": elapsed / case["steps"],
+           "tokens_per_s_per_gpu": tok_s_gpu,
+           "model_tflops_per_gpu": tok_s_gpu * flops_per_token(shape, matmul_parameters(shape, n), seq) / 1e12,
+           "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if on_gpu else None,
+           "device": torch.cuda.get_device_name() if on_gpu else "cpu"}
+    dist.barrier()
+    dist.destroy_process_group()
+    return out
+
+
+# ---------------------------------------------------------------- driver
+
+def peak_for(device: str, given: float | None) -> float | None:
+    if given:
+        return given
+    return next((v for k, v in PEAK_TFLOPS.items() if k in device), None)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--gpus", type=int, default=None, help="processes (default: all visible GPUs)")
+    p.add_argument("--shapes", default="1b,7b")
+    p.add_argument("--plugins", default="gemini,gemini_auto,zero2,torch")
+    p.add_argument("--seq", type=int, default=4096)
+    p.add_argument("--micro", type=int, default=1, help="sequences per GPU per step")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--no-gc", action="store_true", help="colossal plugins without gradient checkpointing")
+    p.add_argument("--peak-tflops", type=float, default=None)
+    p.add_argument("--timeout", type=int, default=1800, help="seconds per case")
+    p.add_argument("--out", default=None, help="JSON results")
+    p.add_argument("--tiny", action="store_true", help="check the script on CPU: tiny shape, ddp + torch, 2 processes")
+    p.add_argument("--case", help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
+    args = p.parse_args()
+
+    if args.case:  # inside torchrun
+        out = run_case(json.loads(args.case))
+        if int(os.environ.get("RANK", "0")) == 0:
+            Path(args.result).write_text(json.dumps(out))
+        return
+
+    import torch
+
+    if args.tiny:
+        args.shapes, args.plugins, args.seq, args.steps, args.warmup = "tiny", "ddp,torch", 128, 3, 1
+        args.gpus = args.gpus or 2
+    elif not torch.cuda.is_available():
+        raise SystemExit("no CUDA GPU visible: this benchmark measures GPU throughput (--tiny checks the script on CPU)")
+    gpus = args.gpus or torch.cuda.device_count()
+    results = []
+    for shape in args.shapes.split(","):
+        for plugin in args.plugins.split(","):
+            case = {"shape": shape, "plugin": plugin, "seq": args.seq, "micro": args.micro, "steps": args.steps,
+                    "warmup": args.warmup, "gc": plugin != "torch" and not args.no_gc}
+            with tempfile.TemporaryDirectory() as tmp:
+                res = Path(tmp) / "r.json"
+                cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(gpus),
+                       __file__, "--case", json.dumps(case), "--result", str(res)]
+                env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}:{os.environ.get('PYTHONPATH', '')}"}
+                try:
+                    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
+                    failed = proc.returncode != 0
+                    tail = proc.stdout[-1500:] + proc.stderr[-1500:]
+                except subprocess.TimeoutExpired:
+                    failed, tail = True, "timeout"
+                if failed or not res.exists():
+                    why = "OOM" if "out of memory" in tail.lower() or "OutOfMemory" in tail else "failed"
+                    results.append({**case, "world": gpus, "error": why, "log_tail": tail[-800:]})
+                    print(f"{shape:>4} {plugin:<12} {why}", flush=True)
+                    continue
+                r = json.loads(res.read_text())
+            peak = peak_for(r["device"], args.peak_tflops)
+            r["mfu"] = r["model_tflops_per_gpu"] / peak if peak else None
+            results.append(r)
+            mfu = "-" if r["mfu"] is None else f"{r['mfu']:.1%}"
+            mem = "-" if r["peak_memory_gib"] is None else f"{r['peak_memory_gib']:.1f} GiB"
+            print(f"{shape:>4} {plugin:<12} {r['tokens_per_s_per_gpu']:>10.0f} tok/s/GPU  "
+                  f"{r['model_tflops_per_gpu']:7.1f} TFLOP/s/GPU  MFU {mfu}  peak {mem}  ({r['device']} x {r['world']})",
+                  flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""The neuron backend's rules end to end through Snakemake on CPU, with the Neuron parts faked.
+
+Fakes, and why: Trainium, neuronx-cc and neuronx-distributed cannot run here, so `run_llama_nxd.py`
+is a stand-in (it records its flags and environment, loads the hf view as NxD does, and "trains" by
+writing step_<max_steps> = pretrained shards + 0.5 with a `done` marker) and
+`neuron_parallel_compile` is a shell script that runs its command with NEURON_EXTRACT_GRAPHS_ONLY=1
+as the real one does for graph extraction. Everything else is real: data stages, init, neuron_shard,
+the precompile / train commands through llmpipe.launch (torchrun, 2 processes) and neuron_merge
+(export_hf / evaluate then read final/ as for every backend; the merged output loading in
+transformers is checked in test_neuron_shard.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.conftest import REPO, corpus_docs, write_jsonl
+
+SKIP = shutil.ignore_patterns("results", ".snakemake", ".git", "__pycache__", "*.egg-info", ".pytest_cache", ".venvs",
+                              ".hypothesis", ".benchmarks", ".ruff_cache")
+FAKE_TRAINER = r'''
+import argparse, json, os, sys
+from pathlib import Path
+import datasets, torch
+p = argparse.ArgumentParser()
+for f in ("--checkpoint_dir", "--training_dir", "--max_steps", "--seq_len", "--checkpoint_freq", "--pretrained_weight"):
+    p.add_argument(f)
+args, _ = p.parse_known_args()
+if os.environ["RANK"] != "0":
+    sys.exit(0)
+phase = "precompile" if os.environ.get("NEURON_EXTRACT_GRAPHS_ONLY") == "1" else "train"
+ckpt = Path(args.checkpoint_dir)
+ds = datasets.load_from_disk(args.training_dir)
+keep = ("NEURON_CC_FLAGS", "NEURON_EXTRACT_GRAPHS_ONLY", "XLA_DOWNCAST_BF16", "MALLOC_ARENA_MAX", "WORLD_SIZE", "PYTHONPATH")
+record = {"argv": sys.argv[1:], "env": {k: os.environ.get(k) for k in keep},
+          "row_len": len(ds[0]["input_ids"]), "columns": sorted(ds.column_names)}
+(ckpt.parent / f"fake_{phase}.json").write_text(json.dumps(record))
+if phase == "train":
+    step = ckpt / f"step_{args.max_steps}"
+    (step / "model").mkdir(parents=True)
+    for f in sorted((ckpt / "pretrained_weight" / "model").iterdir()):
+        state = torch.load(f, weights_only=True)
+        torch.save({k: v + 0.5 for k, v in state.items()}, step / "model" / f.name)
+    (step / "checkpoint").write_text("1")
+    (step / "done").write_text("1")
+'''
+
+
+@pytest.mark.slow
+def test_neuron_dag_runs_end_to_end_with_a_fake_trainer(tmp_path):
+    work = tmp_path / "repo"
+    shutil.copytree(REPO, work, ignore=SKIP)
+    script = tmp_path / "nxd/examples/training/llama/tp_pp_llama_hf_pretrain/run_llama_nxd.py"
+    script.parent.mkdir(parents=True)
+    script.write_text(FAKE_TRAINER)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    wrapper = bin_dir / "neuron_parallel_compile"
+    wrapper.write_text('#!/bin/sh\nNEURON_EXTRACT_GRAPHS_ONLY=1 exec "$@"\n')
+    wrapper.chmod(0o755)
+    write_jsonl(tmp_path / "corpus.jsonl", corpus_docs(60))
+    cfg = {
+        "run": "t",
+        "data": {"sources": [str(tmp_path / "corpus.jsonl")], "num_shards": 1, "val_fraction": 0.1},
+        "tokenizer": {"source": "train", "vocab_size": 512},
+        "model": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4,
+                  "num_key_value_heads": 2},
+        "train": {"backend": "neuron", "seq_len": 64, "global_batch_size": 2, "micro_batch_size": 2, "max_steps": 4,
+                  "save_interval": 2, "launcher": "local"},
+        "neuron": {"tp": 2, "pp": 1, "qkv_linear": True, "kv_size_multiplier": 1, "cores_per_node": 2,
+                   "nxd_dir": str(tmp_path / "nxd"), "python": sys.executable, "compile_cache": str(tmp_path / "cache"),
+                   "cc_flags": ["--model-type=transformer", "-O1"]},
+    }
+    (work / "neuron.yaml").write_text(json.dumps(cfg))
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(work / "src")}
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "results/t/checkpoints/neuron/final", "--profile", "profiles/local",
+                           "--configfile", "neuron.yaml"], cwd=work, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    run = work / "results/t"
+    neuron = run / "checkpoints/neuron"
+
+    pre, train = (json.loads((neuron / f"fake_{p}.json").read_text()) for p in ("precompile", "train"))
+    flags = dict(zip(train["argv"][::2], train["argv"][1::2]))
+    pflags = dict(zip(pre["argv"][::2], pre["argv"][1::2]))
+    assert flags["--tensor_parallel_size"] == "2" and flags["--train_batch_size"] == "2" and flags["--max_steps"] == "4"
+    assert pflags["--max_steps"] == "10" and pflags["--checkpoint_freq"] == "-1"
+    assert pre["env"]["NEURON_EXTRACT_GRAPHS_ONLY"] == "1" and train["env"]["NEURON_EXTRACT_GRAPHS_ONLY"] is None
+    cc = f"--model-type=transformer -O1 --cache_dir={tmp_path / 'cache'}"
+    assert pre["env"]["NEURON_CC_FLAGS"] == train["env"]["NEURON_CC_FLAGS"] == cc
+    assert train["env"]["WORLD_SIZE"] == "2" and train["row_len"] == 64
+    assert {"input_ids", "attention_mask", "labels"} <= set(train["columns"])
+    marker = json.loads((neuron / "precompile.json").read_text())
+    assert marker["cc_flags"] == cc and marker["compile_cache"] == str(tmp_path / "cache")
+    assert json.loads((neuron / "train.json").read_text())["last_step"] == 4
+
+    # merged (bf16) = init + 0.5, the fake training's update, in HF layout
+    init = load_file(run / "checkpoints/init/model.safetensors")
+    final = load_file(neuron / "final/model.safetensors")
+    assert sorted(init) == sorted(final)
+    for name, t in init.items():
+        assert torch.equal(final[name], (t + 0.5).to(torch.bfloat16)), name
+    assert json.loads((neuron / "final/config.json").read_text())["num_hidden_layers"] == 3
+    assert (neuron / "final/tokenizer.json").is_file()
+
+    # a changed compiler flag reruns precompile (and what follows it)
+    cfg["neuron"]["cc_flags"] = ["--model-type=transformer", "-O2"]
+    (work / "neuron.yaml").write_text(json.dumps(cfg))
+    dry = subprocess.run([sys.executable, "-m", "snakemake", "results/t/checkpoints/neuron/final", "-n", "--profile", "profiles/local",
+                          "--configfile", "neuron.yaml"], cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    assert dry.returncode == 0 and "rule neuron_precompile:" in dry.stdout and "rule neuron_shard:" not in dry.stdout
