@@ -87,6 +87,37 @@ def row(read, layout: Layout, i: int, pad_id: int, doc_starts: np.ndarray | None
     return ids, mask, segs
 
 
+def rows(read, layout: Layout, idx: np.ndarray, pad_id: int, doc_starts: np.ndarray | None = None,
+         dtype=np.int64):
+    """row() of each index in `idx`, stacked: ([n, L] ids as `dtype`, [n, L] int8 mask, [n, L] int32
+    segment ids or None). Full rows take few numpy calls: a row's segment id is the count of document
+    starts inside it up to each position (cumsum of start marks); the last, partial row goes through row()."""
+    idx = np.asarray(idx, dtype=np.int64)
+    n, L = idx.size, layout.row_len
+    ids, mask = np.empty((n, L), dtype), np.ones((n, L), np.int8)
+    segs = None
+    full = idx < layout.full
+    for j, i in enumerate(idx.tolist()):
+        if i < layout.full:
+            ids[j] = read(i * L, (i + 1) * L)
+    if doc_starts is not None:
+        at = np.flatnonzero(full)
+        a = idx[at] * L
+        lo = np.searchsorted(doc_starts, a, side="right")  # the start at a itself opens segment 0
+        count = np.searchsorted(doc_starts, a + L, side="left") - lo
+        first = np.repeat(np.cumsum(count) - count, count)
+        inside = doc_starts[np.arange(count.sum()) - first + np.repeat(lo, count)]
+        marks = np.zeros((n, L), np.int32)
+        marks[np.repeat(at, count), inside - np.repeat(a, count)] = 1
+        segs = np.cumsum(marks, axis=1, dtype=np.int32)
+    for j in np.flatnonzero(~full).tolist():
+        r_ids, mask[j], r_segs = row(read, layout, int(idx[j]), pad_id, doc_starts)
+        ids[j] = r_ids
+        if segs is not None:
+            segs[j] = r_segs
+    return ids, mask, segs
+
+
 def labels_of(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
     return np.where(mask == 1, ids, IGNORE_INDEX)
 

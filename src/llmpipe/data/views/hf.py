@@ -14,15 +14,16 @@ import numpy as np
 import pyarrow as pa
 from tqdm import tqdm
 
-from llmpipe.data.pack import Layout, labels_of, order, row
+from llmpipe.data.pack import IGNORE_INDEX, Layout, order, rows
 from llmpipe.data.token_store import TokenStore
 
 log = logging.getLogger(__name__)
 ROWS_PER_BATCH = 256
 
 
-def _column(rows: list[np.ndarray], dtype, length: int) -> pa.Array:
-    return pa.FixedSizeListArray.from_arrays(pa.array(np.concatenate(rows).astype(dtype)), length)
+def _column(batch: np.ndarray, dtype, length: int) -> pa.Array:
+    """[n, length] -> fixed-size lists (no copy when `batch` already has `dtype`)."""
+    return pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(batch, dtype).reshape(-1)), length)
 
 
 def _features(seq_len: int, segment_ids: bool, seg_dtype: str):
@@ -66,11 +67,11 @@ def write_split(store: TokenStore, split: str, out: Path, seq_len: int, remainde
     data_file = "data-00000-of-00001.arrow"
     with ArrowWriter(features=features, path=str(out / data_file)) as writer:
         for k in tqdm(range(0, layout.rows, ROWS_PER_BATCH), desc=f"pack hf/{split}", unit=" batches", mininterval=10):
-            rows = [row(stream.read, layout, int(i), store.eos_id, starts) for i in perm[k:k + ROWS_PER_BATCH]]
-            cols = [_column([r[0] for r in rows], np.int32, seq_len), _column([r[1] for r in rows], np.int8, seq_len),
-                    _column([labels_of(r[0], r[1]) for r in rows], np.int32, seq_len)]
+            ids, mask, segs = rows(stream.read, layout, perm[k:k + ROWS_PER_BATCH], store.eos_id, starts, np.int32)
+            labels = ids if mask.all() else np.where(mask == 1, ids, np.int32(IGNORE_INDEX))
+            cols = [_column(ids, np.int32, seq_len), _column(mask, np.int8, seq_len), _column(labels, np.int32, seq_len)]
             if segment_ids:
-                cols.append(_column([r[2] for r in rows], seg_dtype, seq_len))
+                cols.append(_column(segs, seg_dtype, seq_len))
             writer.write_table(pa.Table.from_batches([pa.record_batch(cols, schema=schema)]))
         writer.finalize()
     made_by = {"store": store.manifest["fingerprint"], "split": split, "seq_len": seq_len, "remainder": remainder,
