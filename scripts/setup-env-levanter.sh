@@ -15,12 +15,15 @@ pins=(
   "jsonschema==4.26.0" "orjson==3.8.3"  # llmpipe's config and store readers in this env
 )
 stamp="$venv/.llmpipe-pins"
-if [ -x "$venv/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "${pins[*]}" ]; then
+pins_id="${pins[*]} $(sha256sum envs/levanter-cpu.txt | cut -c1-16)"
+if [ -x "$venv/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$pins_id" ]; then
   echo "setup-env-levanter: $venv is up to date"
   exit 0
 fi
 python3 -m venv "$venv"
-"$venv/bin/python" -m pip install -q --disable-pip-version-check "${pins[@]}"
+constraints=(-c envs/levanter-cpu.txt)  # exact versions of every dependency, as tested
+[ "$jax" = "jax==0.10.2" ] || constraints=()  # jax[tpu] pulls libtpu: resolve freshly on TPU VMs
+"$venv/bin/python" -m pip install -q --disable-pip-version-check "${constraints[@]}" "${pins[@]}"
 "$venv/bin/python" -c "import levanter.main.train_lm, levanter.store.cache, jsonschema, orjson"
-echo "${pins[*]}" > "$stamp"
+echo "$pins_id" > "$stamp"
 echo "setup-env-levanter: $venv ready"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import gzip
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,9 @@ import pytest
 from llmpipe import config as cfgmod
 
 REPO = Path(__file__).resolve().parents[1]
+# What a test's copy of the checkout leaves out: outputs, caches and the backend venvs (GBs).
+REPO_IGNORE = shutil.ignore_patterns("results", ".snakemake", ".git", ".venvs", "__pycache__", "*.egg-info",
+                                     ".pytest_cache", ".hypothesis", ".benchmarks", ".ruff_cache", "report.html")
 CORPUS = REPO / "data" / "gutenberg-sample-2mb.jsonl.gz"
 GPT2 = REPO / "data" / "tokenizers" / "gpt2"
 SHARED_DATA = REPO.parent / "shared" / "data"

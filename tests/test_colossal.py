@@ -15,10 +15,10 @@ import pytest
 import torch
 import yaml
 
-from tests.conftest import REPO, corpus_docs, write_jsonl
+from tests.conftest import REPO, REPO_IGNORE, corpus_docs, write_jsonl
 
 VENV_PY = REPO / ".venvs" / "colossal" / "bin" / "python"
-SKIP = shutil.ignore_patterns("results", ".snakemake", ".git", "__pycache__", "*.egg-info", ".pytest_cache", ".venvs")
+SKIP = REPO_IGNORE
 
 
 def need_env():

@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, REPO_IGNORE
 
-SKIP = shutil.ignore_patterns("results", ".snakemake", ".git", "__pycache__", "*.egg-info", ".pytest_cache")
+SKIP = REPO_IGNORE
 PROFILES = sorted(p.name for p in (REPO / "profiles").iterdir() if (p / "config.v8+.yaml").is_file())
 # Any HTTP(S) call fails fast through a dead proxy; where network namespaces work, there is no network at all.
 OFFLINE_ENV = {**os.environ, "HTTP_PROXY": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9",

@@ -17,10 +17,10 @@ import yaml
 
 from llmpipe import config as cfgmod
 from llmpipe.backends.levanter.config import levanter_config, mixed_precision
-from tests.conftest import REPO
+from tests.conftest import REPO, REPO_IGNORE
 
 LEV_PY = REPO / ".venvs" / "levanter" / "bin" / "python"
-SKIP = shutil.ignore_patterns("results", ".snakemake", ".git", "__pycache__", "*.egg-info", ".pytest_cache", ".venvs")
+SKIP = REPO_IGNORE
 STEPS, SAVE, SEQ = 60, 10, 128
 
 

@@ -22,10 +22,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import REPO, corpus_docs, write_jsonl
+from tests.conftest import REPO, REPO_IGNORE, corpus_docs, write_jsonl
 
-SKIP = shutil.ignore_patterns("results", ".snakemake", ".git", "__pycache__", "*.egg-info", ".pytest_cache", ".venvs",
-                              ".hypothesis", ".benchmarks", ".ruff_cache")
+SKIP = REPO_IGNORE
 FAKE_TRAINER = r'''
 import argparse, json, os, sys
 from pathlib import Path

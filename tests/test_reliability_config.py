@@ -47,7 +47,7 @@ def wrong_values(s: dict):
     """Values no key with schema `s` may take: other JSON types, non-integral or non-finite numbers."""
     types, cands = types_of(s), []
     if "integer" not in types and "number" not in types:
-        cands += [st.integers(-5, 5)]
+        cands += [st.integers(-5, 5).filter(lambda v: v not in s.get("enum", ()))]  # enum [0, 1, 2, 3] takes some
     if "integer" in types:
         cands += [st.floats(0.1, 1e6).filter(lambda x: not x.is_integer()), st.just(256.0)]
     if "number" in types or "integer" in types:
@@ -60,7 +60,8 @@ def wrong_values(s: dict):
         cands += [st.booleans()]
     if "array" not in types:
         cands += [st.lists(st.integers(), max_size=2)]
-    cands += [st.dictionaries(st.sampled_from(["a", "b"]), st.integers(), min_size=1, max_size=1)]
+    if "object" not in types:  # free-form objects (levanter.extra) take any keys
+        cands += [st.dictionaries(st.sampled_from(["a", "b"]), st.integers(), min_size=1, max_size=1)]
     if "null" not in types:
         cands += [st.none()]
     return st.one_of(cands)

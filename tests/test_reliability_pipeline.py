@@ -22,12 +22,11 @@ import time
 import pytest
 import yaml
 
-from tests.conftest import REPO
+from tests.conftest import REPO, REPO_IGNORE
 
 pytestmark = pytest.mark.slow
 
-SKIP = shutil.ignore_patterns("results", ".snakemake", ".git", ".venvs", "__pycache__", "*.egg-info",
-                              ".pytest_cache", "report.html")
+SKIP = REPO_IGNORE
 CANARIES = {
     "HF_TOKEN": "hf_CANARYhfTokenF9x1y2z3",
     "HUGGING_FACE_HUB_TOKEN": "hf_CANARYhubTokenF9q8w7",

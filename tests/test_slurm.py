@@ -17,12 +17,12 @@ import pytest
 import yaml
 from safetensors.torch import load_file
 
-from tests.conftest import REPO
+from tests.conftest import REPO, REPO_IGNORE
 
 pytestmark = pytest.mark.slurm
 
 STATE = Path(os.environ.get("LLMPIPE_SLURM_DIR", "/tmp/llmpipe-slurm"))
-SKIP = shutil.ignore_patterns("results", ".snakemake", ".git", "__pycache__", "*.egg-info", ".pytest_cache")
+SKIP = REPO_IGNORE
 FINAL = "results/default/checkpoints/torch/final"  # the training rule's output, as a target
 FUTURE_TRAIN_RULES = {"train_neuron", "train_colossal"}  # backends the cluster profiles already size
 

@@ -10,9 +10,9 @@ import datasets
 import pytest
 import torch
 
-from tests.conftest import REPO
+from tests.conftest import REPO, REPO_IGNORE
 
-SKIP = shutil.ignore_patterns("results", ".snakemake", ".git", "__pycache__", "*.egg-info", ".pytest_cache")
+SKIP = REPO_IGNORE
 
 
 def snakemake(cwd, *args, timeout=900):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import hashlib
 import json
 import os
 import re
@@ -69,3 +70,12 @@ def _remove(path: Path) -> None:
 def write_json(path: str | Path, data) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def sha256_file(path: str | Path) -> str:
+    """Hex sha256 of a file, read in 4 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()

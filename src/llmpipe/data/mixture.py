@@ -21,8 +21,6 @@ import hashlib
 import json
 from pathlib import Path
 
-import numpy as np
-
 from llmpipe.data.sources import RECORD_BITS
 
 
@@ -52,6 +50,8 @@ def plan(data_cfg: dict) -> tuple[list[str], dict]:
     """(expanded sources, mixture plan) for data.sources with weights: reads every group once."""
     from llmpipe.data.readers import ReadStats, documents
     from llmpipe.data.sources import expand_sources
+
+    import numpy as np  # here: get-data without a mixture starts faster
 
     gs, expanded, group_of, mix_seed = groups(data_cfg["sources"]), [], [], data_cfg["split_seed"]
     for g_idx, g in enumerate(gs):
@@ -109,6 +109,8 @@ def keeper(mix: dict | None, source_index: int, keep):
 
 def source_counts(shard, splits) -> dict:
     """{source index: {split: {documents, tokens}}} of one open token shard, from its offsets and doc ids."""
+    import numpy as np
+
     out: dict[str, dict] = {}
     for split in splits:
         offs, ids = shard.get_tensor(f"{split}.offsets"), shard.get_tensor(f"{split}.doc_ids")

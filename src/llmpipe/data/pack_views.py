@@ -30,10 +30,11 @@ def build_view(manifest: str | Path, fmt: str, out_dir: str | Path, cfg: dict, t
     if fmt not in FORMATS:
         raise ValueError(f"unknown view format {fmt!r}; available: {', '.join(FORMATS)}")
     store = TokenStore(manifest)
-    if tokenizer_dir is not None:
-        from llmpipe.data.tokenizer import tokenizer_info
-
-        sha = tokenizer_info(tokenizer_dir).sha256
+    if tokenizer_dir is not None:  # the store records the sha256 of tokenizer.json (tokenizer_info)
+        file = Path(tokenizer_dir) / "tokenizer.json"
+        if not file.is_file():
+            raise FileNotFoundError(f"{tokenizer_dir}: no tokenizer.json (a local HF tokenizer folder is needed)")
+        sha = hashlib.sha256(file.read_bytes()).hexdigest()
         if sha != store.manifest["tokenizer"]["sha256"]:
             raise ValueError(f"token store {manifest} was made with another tokenizer than {tokenizer_dir}: retokenize")
     module = importlib.import_module(f"llmpipe.data.views.{fmt}")

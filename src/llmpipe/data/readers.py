@@ -98,14 +98,20 @@ def _lines(fh, size: int = 1 << 20) -> Iterator[bytes]:
         yield from bytes(buf).splitlines(keepends=True)
 
 
-def _jsonl(url: str, text_field: str) -> Iterator[tuple[str, object]]:
+def _jsonl(url: str, text_field: str, keep=None) -> Iterator[tuple[str, object]]:
+    """`keep(record index)` false: the record is not parsed (yields a placeholder the caller drops)."""
+    index = 0
     with _open_binary(url) as fh:
         for lineno, raw in enumerate(_lines(fh), 1):
-            where = f"{url}:{lineno}"
             if lineno == 1 and raw.startswith(BOM):  # a UTF-8 byte order mark (Windows editors)
                 raw = raw[len(BOM):]
             if not raw.strip():
                 continue
+            index += 1
+            if keep is not None and not keep(index - 1):
+                yield "", None
+                continue
+            where = f"{url}:{lineno}"
             try:
                 record = orjson.loads(raw)  # validates UTF-8 too
             except orjson.JSONDecodeError as exc:
@@ -168,13 +174,14 @@ def _hf(spec: str, cfg: dict) -> Iterator[tuple[str, object]]:
             yield where, record[cfg["text_field"]]
 
 
-def records(source: str, cfg: dict) -> Iterator[tuple[str, object]]:
-    """(location, text or BadRecord) for every record of one source, in order."""
+def records(source: str, cfg: dict, keep=None) -> Iterator[tuple[str, object]]:
+    """(location, text or BadRecord) for every record of one source, in order; a record whose index
+    `keep` rejects may come as a placeholder, not read."""
     if source.startswith(HF_PREFIX):
         return _hf(source, cfg)
     name = _base_name(source)
     if name.endswith(JSONL_SUFFIXES):
-        return _jsonl(source, cfg["text_field"])
+        return _jsonl(source, cfg["text_field"], keep)
     if name.endswith(".parquet"):
         return _parquet(source, cfg["text_field"])
     if name.endswith(TEXT_SUFFIXES):
@@ -207,7 +214,7 @@ def documents(source: str, cfg: dict, stats: ReadStats, keep=lambda index: True)
     do not move when the policy changes.
     """
     limit = cfg["max_records_per_source"]
-    for index, (where, value) in enumerate(records(source, cfg)):
+    for index, (where, value) in enumerate(records(source, cfg, keep)):
         if limit is not None and index >= limit:
             return
         if not keep(index):

@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 from array import array
+from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,7 @@ from llmpipe import config as cfgmod
 from llmpipe.data import mixture, stfile
 from llmpipe.data.readers import ReadStats, documents
 from llmpipe.data.sources import assign, doc_id, is_validation
-from llmpipe.data.tokenizer import make_encoder, tokenizer_info
+from llmpipe.data.tokenizer import load_backend, make_encoder, tokenizer_info
 from llmpipe.io import atomic_path
 
 log = logging.getLogger(__name__)
@@ -47,12 +48,25 @@ class _SplitWriter:
         self.offsets, self.doc_ids = array("q", [0]), array("q")
         self.sha = hashlib.sha256()
 
-    def add(self, ids: list[int], did: int) -> None:
-        data = np.array(ids, dtype=self.dtype).tobytes()  # numpy dtypes here are little-endian on x86/arm
+    def add_batch(self, docs: list[list[int]], dids: list[int], prefix: list[int], suffix: list[int]) -> None:
+        """Documents, each as prefix + ids + suffix, converted to one array in a single pass."""
+        if not docs:
+            return
+        lengths = np.fromiter(map(len, docs), np.int64, count=len(docs))
+        extra = len(prefix) + len(suffix)
+        ends = np.cumsum(lengths + extra)
+        arr = np.empty(int(ends[-1]), self.dtype)  # numpy dtypes here are little-endian on x86/arm
+        body = np.ones(arr.size, bool)  # where the documents' own ids go
+        marks = [(ends - lengths - extra + k, t) for k, t in enumerate(prefix)]
+        marks += [(ends - len(suffix) + k, t) for k, t in enumerate(suffix)]
+        for at, t in marks:
+            arr[at], body[at] = t, False
+        arr[body] = np.fromiter(chain.from_iterable(docs), self.dtype, count=int(lengths.sum()))
+        data = arr.tobytes()
         self.fh.write(data)
         self.sha.update(data)
-        self.offsets.append(self.offsets[-1] + len(ids))
-        self.doc_ids.append(did)
+        self.offsets.extend((ends + self.offsets[-1]).tolist())
+        self.doc_ids.extend(dids)
 
     def counts(self) -> dict:
         return {"documents": len(self.doc_ids), "tokens": self.offsets[-1]}
@@ -74,7 +88,8 @@ def tokenize_shard(cfg: dict, sources: list[str], shard: int, tokenizer_dir: str
     """`mix`: the mixture plan of sources.json (data/mixture.py), if the sources are weighted."""
     d = cfg["data"]
     plan = assign(sources, d["num_shards"], shard)
-    info = tokenizer_info(tokenizer_dir)
+    tok = load_backend(tokenizer_dir)
+    info = tokenizer_info(tokenizer_dir, tok)
     bos = use_bos(d["add_bos"], info.adds_bos)
     if bos and info.bos_id is None:
         raise ValueError(f"data.add_bos is 'always' but tokenizer {tokenizer_dir} has no bos_token")
@@ -98,9 +113,14 @@ def tokenize_shard(cfg: dict, sources: list[str], shard: int, tokenizer_dir: str
                 nonlocal encoder
                 if encoder is None:
                     encoder = make_encoder(tokenizer_dir, cfg["tokenizer"]["backend"],
-                                           [t for _, _, t in batch[:SAMPLE_DOCS]], threads)
+                                           [t for _, _, t in batch[:SAMPLE_DOCS]], threads, tok)
+                parts = {s: ([], []) for s in SPLITS}
                 for (did, val, _), ids in zip(batch, encoder.encode_batch([t for _, _, t in batch])):
-                    writers["val" if val else "train"].add(prefix + ids + eos, did)
+                    encoded, dids = parts["val" if val else "train"]
+                    encoded.append(ids)
+                    dids.append(did)
+                for s, (encoded, dids) in parts.items():
+                    writers[s].add_batch(encoded, dids, prefix, eos)
                 batch.clear()
 
             for item in tqdm(docs(), desc=f"tokenize shard {shard}", unit=" docs", mininterval=10):

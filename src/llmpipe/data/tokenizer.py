@@ -54,9 +54,10 @@ def load_backend(path: str | Path):
     return Tokenizer.from_file(str(file))
 
 
-def tokenizer_info(path: str | Path) -> TokenizerInfo:
+def tokenizer_info(path: str | Path, tok=None) -> TokenizerInfo:
+    """`tok`: the tokenizers.Tokenizer of `path`, if already loaded."""
     path = Path(path)
-    tok = load_backend(path)
+    tok = tok or load_backend(path)
     conf_file = path / "tokenizer_config.json"
     conf = json.loads(conf_file.read_text()) if conf_file.is_file() else {}
     eos, bos = _special(conf.get("eos_token")), _special(conf.get("bos_token"))
@@ -83,14 +84,15 @@ def load_tokenizer(path: str | Path):
 class HFEncoder:
     name = "hf"
 
-    def __init__(self, path: str | Path, threads: int):
+    def __init__(self, path: str | Path, threads: int, tok=None):
         import os
 
         os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
-        self.tok = load_backend(path)
+        self.tok = tok or load_backend(path)
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return [e.ids for e in self.tok.encode_batch(texts, add_special_tokens=False)]
+        # the _fast variant skips character offsets (unused here): same ids, ~12 % faster
+        return [e.ids for e in self.tok.encode_batch_fast(texts, add_special_tokens=False)]
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -129,22 +131,26 @@ class TiktokenEncoder:
     def __init__(self, path: str | Path, threads: int, hf: HFEncoder | None = None):
         import tiktoken
 
-        spec = json.loads((Path(path) / "tokenizer.json").read_text())
+        import orjson
+
+        spec = orjson.loads((Path(path) / "tokenizer.json").read_bytes())
         model = spec["model"]
         if model.get("type") != "BPE" or spec.get("normalizer") or model.get("byte_fallback"):
             raise ValueError("not a plain byte-level BPE (normalizer or byte fallback present)")
         pattern = _pattern(spec.get("pre_tokenizer"))
         if pattern is None:
             raise ValueError("pre-tokenizer is not GPT-2/Llama-3 style byte-level")
-        decode = {c: b for b, c in _bytes_to_unicode().items()}
+        # byte-level characters -> the bytes they stand for (as latin-1); any other character -> U+FFFF,
+        # which latin-1 cannot encode
+        table = dict.fromkeys(range(512), 0xFFFF) | {ord(c): b for b, c in _bytes_to_unicode().items()}
         special = {t["id"] for t in spec.get("added_tokens", [])}
         ranks = {}
         for token, rank in model["vocab"].items():
             if rank in special:
                 continue
             try:
-                ranks[bytes(decode[c] for c in token)] = rank
-            except KeyError:
+                ranks[token.translate(table).encode("latin-1")] = rank
+            except UnicodeEncodeError:
                 raise ValueError(f"vocabulary entry {token!r} is not byte-level") from None
         self.enc = tiktoken.Encoding("llmpipe", pat_str=pattern, mergeable_ranks=ranks, special_tokens={})
         self.threads = threads
@@ -153,7 +159,10 @@ class TiktokenEncoder:
         self.hf = hf or HFEncoder(path, threads)
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        out = self.enc.encode_ordinary_batch(texts, num_threads=self.threads)
+        if self.threads > 1:
+            out = self.enc.encode_ordinary_batch(texts, num_threads=self.threads)
+        else:  # the batch call's thread pool costs more than it gives with one thread
+            out = [self.enc.encode_ordinary(t) for t in texts]
         if self.special_re:
             for i, text in enumerate(texts):
                 if self.special_re.search(text):  # HF matches added tokens inside text; tiktoken would not
@@ -161,9 +170,10 @@ class TiktokenEncoder:
         return out
 
 
-def make_encoder(path: str | Path, backend: str, sample: list[str], threads: int = 1):
-    """The fastest encoder that gives exactly the HF tokenizer's ids on `sample` + PROBES."""
-    hf = HFEncoder(path, threads)
+def make_encoder(path: str | Path, backend: str, sample: list[str], threads: int = 1, tok=None):
+    """The fastest encoder that gives exactly the HF tokenizer's ids on `sample` + PROBES (`tok`: the
+    tokenizers.Tokenizer of `path`, if already loaded)."""
+    hf = HFEncoder(path, threads, tok)
     if backend == "hf":
         return hf
     try:
@@ -224,13 +234,13 @@ def train_tokenizer(data_cfg: dict, sources: list[str], out_dir: str | Path, voc
 
 def copy_tokenizer(src: str | Path, out_dir: str | Path) -> None:
     src = Path(src)
-    load_backend(src)
+    tok = load_backend(src)
     with atomic_path(out_dir) as tmp:
         tmp.mkdir()
         for name in TOKENIZER_FILES:
             if (src / name).is_file():
                 shutil.copy2(src / name, tmp / name)
-        tokenizer_info(tmp)  # fail here, not in a later job, if it lacks an EOS
+        tokenizer_info(tmp, tok)  # fail here, not in a later job, if it lacks an EOS (tok: the same bytes)
 
 
 def main(argv: list[str] | None = None) -> None:

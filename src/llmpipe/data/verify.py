@@ -4,7 +4,6 @@ documents with the HF tokenizer, and write the run's data stats (counts, skips, 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import logging
 from pathlib import Path
@@ -17,7 +16,7 @@ from llmpipe.data.readers import ReadStats, documents
 from llmpipe.data.sources import assign, doc_id
 from llmpipe.data.token_store import SPLITS, TokenStore
 from llmpipe.data.views.litgpt import read_file
-from llmpipe.io import write_json
+from llmpipe.io import sha256_file, write_json
 
 log = logging.getLogger(__name__)
 
@@ -26,12 +25,6 @@ class VerifyError(AssertionError):
     pass
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _expected_real(stream, layout: Layout) -> np.ndarray:
@@ -134,7 +127,7 @@ def verify(manifest: str | Path, views: list[Path], tokenizer_dir: Path, sources
                                            **{s: info[s] for s in SPLITS}}
     for root in [store.root, *views]:
         for f in sorted(p for p in root.rglob("*") if p.is_file()):
-            result["files"][str(f)] = {"bytes": f.stat().st_size, "sha256": _sha256(f)}
+            result["files"][str(f)] = {"bytes": f.stat().st_size, "sha256": sha256_file(f)}
     write_json(out, result)
     log.info("verified: %s", {k: result[k] for k in ("documents", "tokens", "tokenization")})
     return result

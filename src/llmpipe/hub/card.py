@@ -22,8 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from llmpipe.hub.download import _sha256
-from llmpipe.io import atomic_path, write_json
+from llmpipe.io import atomic_path, sha256_file, write_json
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +195,7 @@ def build_release(cfg: dict, hf_dir: str | Path, manifest: str | Path, sources: 
         if release["include_data"] and data_view:
             shutil.copytree(data_view, tmp / "data" / "hf", ignore=SKIP)
         files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
-        write_json(tmp / "files.json", {f: _sha256(tmp / f) for f in files})
+        write_json(tmp / "files.json", {f: sha256_file(tmp / f) for f in files})
     log.info("release folder %s: %d files", out, len(files) + 1)
     return facts
 

@@ -16,8 +16,7 @@ import sys
 from pathlib import Path
 
 from llmpipe.hub import HubError, explain
-from llmpipe.hub.download import _sha256
-from llmpipe.io import atomic_path, write_json
+from llmpipe.io import atomic_path, sha256_file, write_json
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +48,7 @@ def download_dataset(dataset_id: str, out: str | Path, config: str | None = None
     with atomic_path(out) as tmp:
         ds.to_parquet(str(tmp))
     record = {"id": dataset_id, "config": config, "split": split, "revision": revision, "commit": commit,
-              "rows": ds.num_rows, "columns": ds.column_names, "sha256": _sha256(out), "bytes": out.stat().st_size}
+              "rows": ds.num_rows, "columns": ds.column_names, "sha256": sha256_file(out), "bytes": out.stat().st_size}
     write_json(out.with_name(out.name + ".json"), record)
     log.info("dataset %s[%s] -> %s: %d rows", dataset_id, split, out, ds.num_rows)
     return record

@@ -13,7 +13,6 @@ cache. The token is huggingface_hub's own (HF_TOKEN or the login cache); nothing
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import logging
 import os
@@ -22,7 +21,7 @@ import sys
 from pathlib import Path
 
 from llmpipe.hub import HubError, explain, is_hub_ref, parse_ref
-from llmpipe.io import atomic_path, write_json
+from llmpipe.io import atomic_path, sha256_file, write_json
 
 log = logging.getLogger(__name__)
 
@@ -30,12 +29,6 @@ DEFAULT_PATTERNS = ["*.safetensors", "*.json", "*.txt", "*.model", "*.tiktoken"]
 INDEX = "model.safetensors.index.json"
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def check_complete(folder: Path, where: str) -> list[str]:
@@ -102,7 +95,7 @@ def download_model(ref: str, out: str | Path, revision: str | None = None, allow
         tmp.mkdir()
         files = _copy_tree(snapshot, tmp)
         weights = check_complete(tmp, str(out))
-        record["files"] = {f: {"size": (tmp / f).stat().st_size, "sha256": _sha256(tmp / f)} for f in files}
+        record["files"] = {f: {"size": (tmp / f).stat().st_size, "sha256": sha256_file(tmp / f)} for f in files}
         record["weights"] = weights
         write_json(tmp / "hub.json", record)
     log.info("model %s -> %s (%s, %d files)", ref, out, record.get("commit", "local"), len(files))

@@ -26,7 +26,6 @@ import importlib.util
 import json
 import logging
 import os
-import re
 import shutil
 import socket
 import time
@@ -38,6 +37,7 @@ import torch.distributed as dist
 
 from llmpipe import config as cfgmod
 from llmpipe.backends.colossal.collate import collate
+from llmpipe.backends.torch.checkpoint import complete_steps, step_dir
 from llmpipe.io import write_json
 from llmpipe.train.batching import Sampler, grad_accum_steps
 from llmpipe.train.schedule import lr_at
@@ -49,7 +49,6 @@ logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
 os.environ.setdefault("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "1")
 
 IGNORE_INDEX = -100
-STEP_RE = re.compile(r"^step_(\d{8})$")
 # Keys that may change between a checkpoint and its resume.
 RESUME_NEUTRAL = {"nproc", "nnodes", "launcher", "threads", "log_interval", "save_interval", "eval_interval",
                   "keep_checkpoints", "resume"}
@@ -161,16 +160,6 @@ def fingerprint(cfg: dict, init_dir: Path, view_dir: Path) -> dict:
 
 
 # ---------------------------------------------------------------- checkpoints
-
-def step_dir(root: Path, step: int) -> Path:
-    return root / f"step_{step:08d}"
-
-
-def complete_steps(root: Path) -> list[int]:
-    if not root.is_dir():
-        return []
-    return sorted(int(m.group(1)) for p in root.iterdir() if (m := STEP_RE.match(p.name)) and (p / "done").is_file())
-
 
 def optimizer_name(sharded: bool) -> str:
     """ddp's optimizer is whole on every rank: one file (ColossalAI's sharded optimizer loader calls a

@@ -14,7 +14,6 @@ by side: lit-gpt tells the splits apart by file-name prefix). Mode image: "train
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import logging
 import shutil
@@ -24,7 +23,7 @@ from pathlib import Path
 from llmpipe import config as cfgmod
 from llmpipe.backends.sagemaker import aws
 from llmpipe.backends.sagemaker.hyperparameters import check_settings
-from llmpipe.io import write_json
+from llmpipe.io import sha256_file, write_json
 
 log = logging.getLogger(__name__)
 
@@ -37,12 +36,6 @@ main()
 '''
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def local_files(root: Path, flat: bool) -> dict[str, Path]:

@@ -1,13 +1,16 @@
 """HF view: datasets.save_to_disk folders train/ and val/ with `input_ids`, `attention_mask`,
 `labels` (and `segment_ids` unless disabled), each exactly seq_len long. Loads with
-load_from_disk + transformers.default_data_collator into int64 [B, seq_len] (NxD's contract)."""
+load_from_disk + transformers.default_data_collator into int64 [B, seq_len] (NxD's contract).
+
+The files are written with pyarrow, byte for byte as datasets' ArrowWriter + save_to_disk write them
+(tests/test_data_perf.py compares them with datasets' own output): importing datasets costs more
+than writing a view of 100 MB of text."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import logging
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -19,64 +22,72 @@ from llmpipe.data.token_store import TokenStore
 
 log = logging.getLogger(__name__)
 ROWS_PER_BATCH = 256
+WRITER_BATCH_SIZE = 1000  # datasets.config.DEFAULT_MAX_BATCH_SIZE, ArrowWriter's record batch limit
 
 
 def _column(batch: np.ndarray, dtype, length: int) -> pa.Array:
-    """[n, length] -> fixed-size lists (no copy when `batch` already has `dtype`)."""
-    return pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(batch, dtype).reshape(-1)), length)
+    """[n, length] -> fixed-size lists (no copy when `batch` already has `dtype`; from_buffers, as
+    pa.array() would import pandas, 0.2 s)."""
+    flat = np.ascontiguousarray(batch, dtype).reshape(-1)
+    values = pa.Array.from_buffers(pa.from_numpy_dtype(flat.dtype), flat.size, [None, pa.py_buffer(flat)])
+    return pa.FixedSizeListArray.from_arrays(values, length)
 
 
-def _features(seq_len: int, segment_ids: bool, seg_dtype: str):
-    from datasets import Features, List, Value
-
+def _columns(segment_ids: bool, seg_dtype: str) -> dict[str, str]:
     cols = {"input_ids": "int32", "attention_mask": "int8", "labels": "int32"}
     if segment_ids:
         cols["segment_ids"] = seg_dtype
-    return Features({k: List(Value(v), length=seq_len) for k, v in cols.items()})
+    return cols
 
 
-def _finish(folder: Path, data_file: str, fingerprint: str) -> None:
-    """state.json + dataset_info.json exactly as Dataset.save_to_disk writes them, for a file we wrote
-    with datasets' own ArrowWriter (streaming: no second copy of the data). The fingerprint derives
-    from what made the rows (not random), so a rebuild is byte-identical."""
-    import datasets
+def _schema(cols: dict[str, str], seq_len: int) -> pa.Schema:
+    """Features({k: List(Value(v), length=seq_len)}).arrow_schema with the metadata ArrowWriter adds."""
+    features = {k: {"feature": {"dtype": v, "_type": "Value"}, "length": seq_len, "_type": "List"} for k, v in cols.items()}
+    return pa.schema([pa.field(k, pa.list_(pa.from_numpy_dtype(np.dtype(v)), seq_len)) for k, v in cols.items()],
+                     metadata={"huggingface": json.dumps({"info": {"features": features}})})
 
-    ds = datasets.Dataset.from_file(str(folder / data_file))  # memory-mapped; nothing is read
+
+def _finish(folder: Path, data_file: str, fingerprint: str, cols: dict[str, str], seq_len: int) -> None:
+    """state.json + dataset_info.json exactly as Dataset.save_to_disk writes them (dataset_info: the
+    DatasetInfo that datasets reads back from the file's schema, every other field at its default).
+    The fingerprint derives from what made the rows (not random), so a rebuild is byte-identical."""
     state = {"_fingerprint": fingerprint[:16], "_format_columns": None, "_format_kwargs": {},
              "_format_type": None, "_output_all_columns": False, "_split": None,
              "_data_files": [{"filename": data_file}]}
     (folder / "state.json").write_text(json.dumps(state, indent=2, sort_keys=True))
-    info = asdict(ds.info)
+    features = {k: {"feature": {"dtype": v, "id": None, "_type": "Value"}, "length": seq_len, "id": None, "_type": "List"}
+                for k, v in cols.items()}
+    info = dict.fromkeys(("builder_name", "config_name", "dataset_name", "dataset_size", "download_checksums",
+                          "download_size", "post_processed", "post_processing_size", "size_in_bytes", "splits",
+                          "supervised_keys", "version"))
+    info.update(citation="", description="", homepage="", license="", features=features)
     (folder / "dataset_info.json").write_text(json.dumps({k: info[k] for k in sorted(info)}, indent=2))
 
 
 def write_split(store: TokenStore, split: str, out: Path, seq_len: int, remainder: str, shuffle: bool, seed: int,
                 segment_ids: bool) -> dict:
-    from datasets.arrow_writer import ArrowWriter
-
     stream = store.split(split)
     layout = Layout(stream.size, seq_len, remainder)
     if layout.rows == 0:
         raise ValueError(f"{split} split has {stream.size} tokens: not one row of seq_len {seq_len}")
     starts = stream.doc_starts() if segment_ids else None
     seg_dtype = "int16" if seq_len < 2**15 else "int32"
-    features = _features(seq_len, segment_ids, seg_dtype)
-    schema = features.arrow_schema
+    cols_spec = _columns(segment_ids, seg_dtype)
+    schema = _schema(cols_spec, seq_len)
     perm = order(layout.rows, shuffle, seed)
     out.mkdir(parents=True)
     data_file = "data-00000-of-00001.arrow"
-    with ArrowWriter(features=features, path=str(out / data_file)) as writer:
+    with open(out / data_file, "wb") as fh, pa.ipc.new_stream(fh, schema) as writer:
         for k in tqdm(range(0, layout.rows, ROWS_PER_BATCH), desc=f"pack hf/{split}", unit=" batches", mininterval=10):
             ids, mask, segs = rows(stream.read, layout, perm[k:k + ROWS_PER_BATCH], store.eos_id, starts, np.int32)
             labels = ids if mask.all() else np.where(mask == 1, ids, np.int32(IGNORE_INDEX))
             cols = [_column(ids, np.int32, seq_len), _column(mask, np.int8, seq_len), _column(labels, np.int32, seq_len)]
             if segment_ids:
                 cols.append(_column(segs, seg_dtype, seq_len))
-            writer.write_table(pa.Table.from_batches([pa.record_batch(cols, schema=schema)]))
-        writer.finalize()
+            writer.write_table(pa.Table.from_batches([pa.record_batch(cols, schema=schema)]), WRITER_BATCH_SIZE)
     made_by = {"store": store.manifest["fingerprint"], "split": split, "seq_len": seq_len, "remainder": remainder,
                "shuffle": shuffle, "seed": seed, "segment_ids": segment_ids}
-    _finish(out, data_file, hashlib.sha256(json.dumps(made_by, sort_keys=True).encode()).hexdigest())
+    _finish(out, data_file, hashlib.sha256(json.dumps(made_by, sort_keys=True).encode()).hexdigest(), cols_spec, seq_len)
     return {**layout.stats(), "shuffle": shuffle, "seed": seed, "segment_ids": segment_ids}
 
 

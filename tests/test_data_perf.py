@@ -1,0 +1,150 @@
+"""The data engine's fast paths give exactly what the plain ones give (issue 3, Performance):
+batched rows vs row(), batched shard writes vs per-document arrays, records of other shards left
+unparsed, the byte-level vocabulary check, the HF encoder's ids vs AutoTokenizer's."""
+
+import json
+
+import numpy as np
+import pytest
+
+from llmpipe import config as cfgmod
+from llmpipe.data import readers
+from llmpipe.data.pack import Layout, row, rows
+from llmpipe.data.readers import BadRecord, ReadStats, documents
+from llmpipe.data.tokenize import _SplitWriter
+from llmpipe.data.tokenizer import HFEncoder, TiktokenEncoder, load_tokenizer, make_encoder
+from tests.conftest import GPT2, corpus_docs, prepare, tiny_config, write_jsonl
+
+
+@pytest.mark.parametrize("remainder", ["drop", "pad", "carry"])
+def test_batched_rows_equal_row_by_row(remainder):
+    rng = np.random.default_rng({"drop": 0, "pad": 1, "carry": 2}[remainder])
+    checked = 0
+    for _ in range(150):
+        lengths = rng.integers(1, 30, int(rng.integers(1, 40)))
+        stream = rng.integers(1, 50_000, int(lengths.sum()))
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        seq_len = int(rng.integers(1, 25))
+        if remainder == "carry" and stream.size < seq_len:
+            continue
+        layout = Layout(stream.size, seq_len, remainder)
+        if layout.rows == 0:
+            continue
+        idx = rng.permutation(layout.rows)
+        read = lambda a, b: stream[a:b]  # noqa: E731
+        for doc_starts in (starts, None):
+            ids, mask, segs = rows(read, layout, idx, 7, doc_starts, np.int32)
+            assert ids.dtype == np.int32 and mask.dtype == np.int8 and ids.shape == (idx.size, seq_len)
+            assert (segs is None) == (doc_starts is None)
+            for j, i in enumerate(idx.tolist()):
+                want = row(read, layout, i, 7, doc_starts)
+                assert ids[j].tolist() == want[0].tolist() and mask[j].tolist() == want[1].tolist()
+                if doc_starts is not None:
+                    assert segs[j].tolist() == want[2].tolist()
+            checked += 1
+    assert checked > 100
+
+
+@pytest.mark.parametrize("dtype,prefix,suffix", [(np.uint16, [], [0]), (np.uint32, [70_000], [70_001]),
+                                                 (np.uint16, [1, 2], [3])])
+def test_split_writer_batches_equal_per_document_arrays(tmp_path, dtype, prefix, suffix):
+    rng = np.random.default_rng(3)
+    w = _SplitWriter(tmp_path / "split.bin", np.dtype(dtype))
+    docs, dids = [], []
+    for batch in range(4):
+        part = [rng.integers(0, 60_000, int(n)).tolist() for n in rng.integers(0, 50, 7)]
+        part_ids = [batch * 100 + k for k in range(len(part))]
+        w.add_batch(part, part_ids, prefix, suffix)
+        docs += part
+        dids += part_ids
+    w.add_batch([], [], prefix, suffix)
+    w.fh.close()
+    got = np.fromfile(tmp_path / "split.bin", dtype)
+    want = [prefix + d + suffix for d in docs]
+    assert got.tolist() == [t for d in want for t in d]
+    assert list(w.offsets) == np.concatenate([[0], np.cumsum([len(d) for d in want])]).tolist()
+    assert list(w.doc_ids) == dids and w.counts() == {"documents": len(docs), "tokens": got.size}
+
+
+def test_records_of_other_shards_are_not_parsed(tmp_path, monkeypatch):
+    lines = ['{"text": "r0"}', "", "{not json", '{"text": "r2"}', "  ", '{"other": 1}', '{"text": "r4"}',
+             '{"text": "r5"}']
+    (tmp_path / "c.jsonl").write_text("\n".join(lines) + "\n")
+    src = str(tmp_path / "c.jsonl")
+    parsed = []
+    real = readers.orjson.loads
+    monkeypatch.setattr(readers.orjson, "loads", lambda raw: parsed.append(bytes(raw).strip()) or real(raw))
+    cfg = cfgmod.load({"data": {"sources": [src], "on_bad_record": "fail"}})["data"]
+
+    # records (blank lines are not records): 0 r0, 1 bad JSON, 2 r2, 3 no text field, 4 r4, 5 r5
+    even = list(documents(src, cfg, ReadStats(), lambda i: i % 2 == 0))
+    assert even == [(0, "r0"), (2, "r2"), (4, "r4")]
+    assert parsed == [b'{"text": "r0"}', b'{"text": "r2"}', b'{"text": "r4"}']  # the odd records: not parsed
+    with pytest.raises(BadRecord, match=r"c\.jsonl:3"):  # record 1 is on line 3
+        list(documents(src, cfg, ReadStats(), lambda i: i % 2 == 1))
+    stats = ReadStats()
+    assert list(documents(src, {**cfg, "on_bad_record": "skip"}, stats, lambda i: i % 2 == 1)) == [(5, "r5")]
+    assert dict(stats.skipped) == {"bad_json": 1, "missing_field": 1}
+
+
+def test_vocabulary_that_is_not_byte_level_is_refused(tmp_path, caplog):
+    spec = json.loads((GPT2 / "tokenizer.json").read_text())
+    spec["model"]["vocab"]["a b"] = len(spec["model"]["vocab"])  # a raw space is not a byte-level character
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "tokenizer.json").write_text(json.dumps(spec))
+    (tmp_path / "tok" / "tokenizer_config.json").write_text((GPT2 / "tokenizer_config.json").read_text())
+    with pytest.raises(ValueError, match="'a b' is not byte-level"):
+        TiktokenEncoder(tmp_path / "tok", 1)
+    assert make_encoder(tmp_path / "tok", "auto", ["x"]).name == "hf"
+
+
+def test_hf_encoder_ids_equal_auto_tokenizer_ids():
+    docs = corpus_docs(12) + ["<|endoftext|> inside", " ünïcödé 😀 \n\n x"]
+    want = load_tokenizer(GPT2)(docs, add_special_tokens=False)["input_ids"]
+    assert HFEncoder(GPT2, 1).encode_batch(docs) == want
+    fast = TiktokenEncoder(GPT2, 1)
+    assert fast.encode_batch(docs) == want and TiktokenEncoder(GPT2, 2).encode_batch(docs) == want
+
+
+@pytest.fixture(scope="module")
+def gpt2_store(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("store")
+    write_jsonl(tmp / "corpus.jsonl", corpus_docs(40))
+    cfg = tiny_config(tmp, tokenizer={"source": str(GPT2)}, data={"num_shards": 2})
+    return prepare(tmp, cfg, views=())["manifest"]
+
+
+@pytest.mark.parametrize("seq_len,segment_ids,remainder", [(16, True, "drop"), (16, False, "carry"),
+                                                           (40_000, True, "pad")])
+def test_hf_view_files_equal_what_datasets_writes(tmp_path, gpt2_store, seq_len, segment_ids, remainder):
+    """Reference: datasets' own ArrowWriter fed the same record batches, and the DatasetInfo that
+    Dataset.from_file reads back, serialized as save_to_disk does."""
+    from dataclasses import asdict
+
+    import datasets
+    import pyarrow as pa
+    from datasets.arrow_writer import ArrowWriter
+
+    from llmpipe.data.token_store import TokenStore
+    from llmpipe.data.views import hf
+
+    out = tmp_path / "view"
+    hf.write_split(TokenStore(gpt2_store), "train", out, seq_len, remainder, True, 5, segment_ids)
+    ours = (out / "data-00000-of-00001.arrow").read_bytes()
+    table = pa.ipc.open_stream(ours).read_all()
+    assert table.num_rows >= 1 and (seq_len > 16 or table.to_batches()[0].num_rows == hf.ROWS_PER_BATCH)
+    cols = {"input_ids": "int32", "attention_mask": "int8", "labels": "int32"}
+    if segment_ids:
+        cols["segment_ids"] = "int16" if seq_len < 2**15 else "int32"
+    assert table.column_names == list(cols)
+    features = datasets.Features({k: datasets.List(datasets.Value(v), length=seq_len) for k, v in cols.items()})
+    ref = tmp_path / "ref.arrow"
+    with ArrowWriter(features=features, path=str(ref)) as writer:
+        for batch in table.to_batches():
+            writer.write_table(pa.Table.from_batches([batch]))
+        writer.finalize()
+    assert ours == ref.read_bytes()
+    info = asdict(datasets.Dataset.from_file(str(ref)).info)
+    assert (out / "dataset_info.json").read_text() == json.dumps({k: info[k] for k in sorted(info)}, indent=2)
+    loaded = datasets.load_from_disk(str(out))
+    assert loaded.features == features and loaded.num_rows == table.num_rows
