@@ -32,7 +32,11 @@ SEQ = 4096
 
 def tree_rss(proc: psutil.Process) -> int:
     total = 0
-    for p in [proc, *proc.children(recursive=True)]:
+    try:
+        tree = [proc, *proc.children(recursive=True)]
+    except psutil.Error:  # a process of the tree ended while it was listed
+        return 0
+    for p in tree:
         try:
             total += p.memory_info().rss
         except psutil.Error:
