@@ -23,38 +23,48 @@ import threading
 import time
 from pathlib import Path
 
-import psutil
-
 REPO = Path(__file__).resolve().parents[1]
 GPT2 = REPO / "data" / "tokenizers" / "gpt2"
 SEQ = 4096
+PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
-def tree_rss(proc: psutil.Process) -> int:
-    total = 0
-    try:
-        tree = [proc, *proc.children(recursive=True)]
-    except psutil.Error:  # a process of the tree ended while it was listed
-        return 0
-    for p in tree:
+def tree_rss(root: int) -> int:
+    """Sum of the resident set sizes of `root` and all its descendants, from one read of /proc/N/stat
+    per process (ppid and rss are both there): cheap enough to sample often without slowing the run."""
+    parent, rss = {}, {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
         try:
-            total += p.memory_info().rss
-        except psutil.Error:
-            pass
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                fields = fh.read().rpartition(b")")[2].split()
+        except OSError:  # the process ended while we listed it
+            continue
+        pid = int(name)
+        parent[pid], rss[pid] = int(fields[1]), int(fields[21]) * PAGE
+    total, todo = 0, [root]
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parent.items():
+        children.setdefault(ppid, []).append(pid)
+    while todo:
+        pid = todo.pop()
+        total += rss.get(pid, 0)
+        todo.extend(children.get(pid, ()))
     return total
 
 
 def measure(cmd: list[str]) -> dict:
-    """Run a worker; return its JSON result plus wall time and peak tree RSS."""
+    """Run a worker; return its JSON result plus wall time and peak tree RSS (sampled every 50 ms)."""
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": str(REPO / "src"), "TOKENIZERS_PARALLELISM": "true"})
-    ps, peak = psutil.Process(proc.pid), [0]
+    peak = [0]
 
     def poll():
         while proc.poll() is None:
-            peak[0] = max(peak[0], tree_rss(ps))
-            time.sleep(0.02)
+            peak[0] = max(peak[0], tree_rss(proc.pid))
+            time.sleep(0.05)
 
     t = threading.Thread(target=poll)
     t.start()
@@ -97,6 +107,11 @@ def worker_ours(corpus: str, work: Path, backend: str, records: int | None) -> d
                       "tokenizer": {"source": str(GPT2), "backend": backend}, "train": {"seq_len": SEQ}})
     py = [sys.executable, "-m", "llmpipe"]
     store = work / "tokens"
+    stages, last = {}, [time.perf_counter()]
+
+    def lap(name):
+        now = time.perf_counter()
+        stages[name], last[0] = round(now - last[0], 2), now
 
     def run(*args):
         subprocess.run(py + list(args), check=True, capture_output=True)
@@ -110,34 +125,65 @@ def worker_ours(corpus: str, work: Path, backend: str, records: int | None) -> d
 
     together(["get-data", "--config", cfg, "--out", str(work / "sources.json")],
              ["tokenizer", "--config", cfg, "--out", str(work / "tok")])
+    lap("get-data+tokenizer")
     together(*[["tokenize", "--config", cfg, "--sources", str(work / "sources.json"), "--shard", str(i),
                 "--tokenizer", str(work / "tok"), "--out", str(store / f"shard-{i:05d}.safetensors")] for i in range(2)])
+    lap("tokenize")
     run("token-store", "--shards", *[str(store / f"shard-{i:05d}.safetensors") for i in range(2)],
         "--sources", str(work / "sources.json"), "--out", str(store / "manifest.json"))
+    lap("token-store")
     run("pack", "--config", cfg, "--store", str(store / "manifest.json"), "--tokenizer", str(work / "tok"),
         "--out", str(work / "hf"))
+    lap("pack")
     manifest = json.loads((store / "manifest.json").read_text())
     encoders = sorted({s["encoder"] for s in manifest["shards"]})
-    return {"tokens": sum(manifest["totals"][s]["tokens"] for s in ("train", "val")), "encoders": encoders}
+    return {"tokens": sum(manifest["totals"][s]["tokens"] for s in ("train", "val")), "encoders": encoders, "stages": stages}
 
 
 def worker_encode(corpus: str, work: Path) -> dict:
-    """The limit with an HF tokenizer: encode_batch alone, 2 threads, text already in memory; and
-    encode_batch_fast (no character offsets), which our HF path calls."""
+    """The limit with an HF tokenizer, text already in memory: encode_batch_fast (no character offsets,
+    the call our HF path makes) in 2 processes of 1 thread each (as our 2 tokenize jobs run), then
+    encode_batch and encode_batch_fast in one process with 2 threads."""
     import gzip
 
     import orjson
-    from tokenizers import Tokenizer
 
     with gzip.open(corpus, "rb") as fh:
         texts = [orjson.loads(line)["text"] for line in fh]
-    tok = Tokenizer.from_file(str(GPT2 / "tokenizer.json"))
+    file = str(GPT2 / "tokenizer.json")
+    start = time.perf_counter()
+    children = []
+    for part in range(2):  # fork before this process starts any tokenizer thread pool
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.environ["RAYON_NUM_THREADS"] = "1"
+            from tokenizers import Tokenizer
+
+            tok = Tokenizer.from_file(file)
+            mine = texts[part::2]
+            n = sum(len(e.ids) for i in range(0, len(mine), 256)
+                    for e in tok.encode_batch_fast(mine[i:i + 256], add_special_tokens=False))
+            os.write(write, str(n).encode())
+            os._exit(0)
+        os.close(write)
+        children.append((pid, read))
+    procs_tokens = 0
+    for pid, read in children:
+        procs_tokens += int(os.read(read, 64))
+        os.waitpid(pid, 0)
+    procs = time.perf_counter() - start
+    os.environ["RAYON_NUM_THREADS"] = "2"
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(file)
     start = time.perf_counter()
     tokens = sum(len(e.ids) for e in tok.encode_batch(texts, add_special_tokens=False))
     mid = time.perf_counter()
     fast = sum(len(e.ids) for e in tok.encode_batch_fast(texts, add_special_tokens=False))
-    assert fast == tokens
-    return {"tokens": tokens, "encode_s": mid - start, "encode_fast_s": time.perf_counter() - mid}
+    assert fast == tokens == procs_tokens
+    return {"tokens": tokens, "encode_s": mid - start, "encode_fast_s": time.perf_counter() - mid,
+            "encode_fast_2proc_s": procs}
 
 
 def worker(args) -> None:
@@ -146,7 +192,6 @@ def worker(args) -> None:
         if args.worker == "recipe":
             out = worker_recipe(args.corpus, work)
         elif args.worker == "encode":
-            os.environ["RAYON_NUM_THREADS"] = "2"
             out = worker_encode(args.corpus, work)
         else:
             out = worker_ours(args.corpus, work, args.worker.split("-")[1], args.records)
@@ -158,16 +203,25 @@ def worker(args) -> None:
 # ------------------------------------------------------------------ driver
 
 
-def median_run(cmd: list[str], repeat: int) -> dict:
-    """measure() `repeat` times: the run with the median wall time; peak RSS is the largest seen."""
-    runs = sorted((measure(cmd) for _ in range(repeat)), key=lambda r: r["wall"])
-    return {**runs[len(runs) // 2], "rss": max(r["rss"] for r in runs)}
+def median_runs(cmds: dict[str, list[str]], repeat: int) -> dict[str, dict]:
+    """measure() each command `repeat` times, the variants taking turns (so a drift in the machine's
+    speed hits all alike): per variant the run with the median wall time; peak RSS is the largest seen."""
+    runs = {name: [] for name in cmds}
+    for _ in range(repeat):
+        for name, cmd in cmds.items():
+            runs[name].append(measure(cmd))
+    out = {}
+    for name, rs in runs.items():
+        rs.sort(key=lambda r: r["wall"])
+        out[name] = {**rs[len(rs) // 2], "rss": max(r["rss"] for r in rs)}
+    return out
 
 
 def row(name: str, r: dict, base: dict | None) -> str:
     speed = r["tokens"] / r["wall"]
     ratio = f"{base['wall'] / r['wall']:5.2f}x faster, RSS {r['rss'] / base['rss']:.2f}x" if base else "baseline"
-    return f"{name:<34} {r['wall']:7.1f} s {speed / 1e6:6.2f} M tok/s {r['rss'] / 2**30:6.2f} GB   {ratio}"
+    stages = "\n    stages (s): " + ", ".join(f"{k} {v}" for k, v in r["stages"].items()) if "stages" in r else ""
+    return f"{name:<34} {r['wall']:7.1f} s {speed / 1e6:6.2f} M tok/s {r['rss'] / 2**30:6.2f} GB   {ratio}{stages}"
 
 
 def main() -> None:
@@ -187,25 +241,30 @@ def main() -> None:
     for name in args.corpora:
         corpus = str(Path(args.shared) / "corpus" / f"gutenberg-{name}-100mb.jsonl.gz")
         print(f"\n== {corpus} (GPT-2 tokenizer, seq_len {SEQ}, 2 cores; ours: independent stages at once, "
-              "as snakemake --cores 2 runs them)")
-        base = median_run(me + ["--worker", "recipe", "--corpus", corpus] + tmp, args.repeat)
-        print(row("seeds' recipe", base, None), flush=True)
-        fast = median_run(me + ["--worker", "ours-auto", "--corpus", corpus] + tmp, args.repeat)
-        print(row(f"llmpipe ({'+'.join(fast['encoders'])})", fast, base), flush=True)
+              f"as snakemake --cores 2 runs them; medians of {args.repeat}, variants taking turns)", flush=True)
+        run = me + ["--corpus", corpus] + tmp
+        cmds = {"recipe": run + ["--worker", "recipe"], "ours": run + ["--worker", "ours-auto"]}
         if name == "chunks":
-            hf = median_run(me + ["--worker", "ours-hf", "--corpus", corpus] + tmp, args.repeat)
-            print(row("llmpipe (HF tokenizer only)", hf, base), flush=True)
-            enc = median_run(me + ["--worker", "encode", "--corpus", corpus] + tmp, args.repeat)
-            limit = enc["tokens"] / enc["encode_s"]
-            print(f"{'HF encode_batch alone':<34} {enc['encode_s']:7.1f} s {limit / 1e6:6.2f} M tok/s"
-                  f"   llmpipe HF path reaches {hf['tokens'] / hf['wall'] / limit:.0%} of it")
-            fast_limit = enc["tokens"] / enc["encode_fast_s"]
-            print(f"{'HF encode_batch_fast alone':<34} {enc['encode_fast_s']:7.1f} s {fast_limit / 1e6:6.2f} M tok/s"
-                  f"   llmpipe HF path reaches {hf['tokens'] / hf['wall'] / fast_limit:.0%} of it", flush=True)
+            cmds |= {"hf": run + ["--worker", "ours-hf"], "encode": run + ["--worker", "encode"]}
         else:
-            half = median_run(me + ["--worker", "ours-auto", "--corpus", corpus, "--records", "148"] + tmp, args.repeat)
+            cmds["half"] = run + ["--worker", "ours-auto", "--records", "148"]
+        r = median_runs(cmds, args.repeat)
+        base = r["recipe"]
+        print(row("seeds' recipe", base, None))
+        print(row(f"llmpipe ({'+'.join(r['ours']['encoders'])})", r["ours"], base))
+        if name == "chunks":
+            hf, enc = r["hf"], r["encode"]
+            print(row("llmpipe (HF tokenizer only)", hf, base))
+            for key, what in (("encode_fast_2proc_s", "HF encode_batch_fast, 2 procs"),
+                              ("encode_s", "HF encode_batch, 2 threads"),
+                              ("encode_fast_s", "HF encode_batch_fast, 2 threads")):
+                limit = enc["tokens"] / enc[key]
+                print(f"{what + ' alone':<34} {enc[key]:7.1f} s {limit / 1e6:6.2f} M tok/s"
+                      f"   llmpipe HF path end to end reaches {hf['tokens'] / hf['wall'] / limit:.0%} of it")
+        else:
+            half = r["half"]
             print(row("llmpipe, first half of the books", half, base),
-                  f"  (peak RSS half/full: {half['rss'] / fast['rss']:.2f})", flush=True)
+                  f"  (peak RSS half/full: {half['rss'] / r['ours']['rss']:.2f})")
 
 
 if __name__ == "__main__":

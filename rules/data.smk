@@ -1,5 +1,5 @@
 # sources -> tokenizer -> token store (tokenize: one job per shard; token_store: gather)
-# -> views (hf, litgpt) -> verify (token conservation, stats with sha256 of every file).
+# -> views (hf, litgpt, megatron) -> verify (token conservation, stats with sha256 of every file).
 
 
 rule get_data:
@@ -74,7 +74,7 @@ rule pack_view:
     output:
         directory(f"{RUN}/data/views/{{fmt}}"),
     wildcard_constraints:
-        fmt="hf|litgpt",
+        fmt="hf|litgpt|megatron",
     params:
         cfg=cfg_json("run", "data", "train.seq_len"),
     log:

@@ -198,6 +198,53 @@ def test_every_view_conserves_tokens_under_each_policy(tmp_path, prepared, remai
         assert (flat[lit_expect.size:] == store.eos_id).all()  # pad policy and file padding
 
 
+def read_megatron_index(path):
+    """Independent parser of Megatron's MMIDIDX v1 index: (dtype, lengths, pointers, doc index)."""
+    raw = path.read_bytes()
+    assert raw[:9] == b"MMIDIDX\x00\x00"
+    version, code, seqs, docs = struct.unpack("<QBQQ", raw[9:34])
+    assert version == 1
+    lengths = np.frombuffer(raw, np.int32, seqs, 34)
+    pointers = np.frombuffer(raw, np.int64, seqs, 34 + 4 * seqs)
+    doc_index = np.frombuffer(raw, np.int64, docs, 34 + 12 * seqs)
+    assert len(raw) == 34 + 12 * seqs + 8 * docs
+    return {8: np.uint16, 4: np.int32}[code], lengths, pointers, doc_index
+
+
+def test_megatron_view_holds_every_document_and_loads_in_megatron_core(tmp_path, prepared):
+    from megatron.core.datasets.indexed_dataset import IndexedDataset  # the real reader (megatron-core)
+
+    info = build_view(prepared["manifest"], "megatron", tmp_path / "mg", prepared["cfg"])
+    docs, store = store_docs(prepared["manifest"]), TokenStore(prepared["manifest"])
+    for split in ("train", "val"):
+        order = [int(d) for e in store.manifest["shards"]  # documents in shard order, then record order
+                 for d in safe_open(str(store.root / e["file"]), framework="numpy").get_tensor(f"{split}.doc_ids")]
+        assert sorted(order) == sorted(d for d, (s, _) in docs.items() if s == split)
+        want = [docs[d][1] for d in order]
+        prefix = tmp_path / "mg" / f"{split}_text_document"
+        dtype, lengths, pointers, doc_index = read_megatron_index(prefix.with_suffix(".idx"))
+        assert dtype == np.uint16  # GPT-2 vocabulary < 65,500
+        assert lengths.tolist() == [len(t) for t in want]
+        assert pointers.tolist() == (np.cumsum([0] + lengths.tolist()[:-1]) * 2).tolist()
+        assert doc_index.tolist() == list(range(len(want) + 1))
+        flat = np.fromfile(prefix.with_suffix(".bin"), np.uint16)
+        assert flat.tolist() == [x for t in want for x in t]
+        ds = IndexedDataset(str(prefix))
+        assert len(ds) == len(want) and ds.document_indices.tolist() == doc_index.tolist()
+        assert all(ds[i].tolist() == want[i] for i in range(len(want)))
+        assert info[split]["documents"] == len(want) and info[split]["tokens"] == flat.size
+    stats = verify(prepared["manifest"], [tmp_path / "mg"], prepared["tokenizer"], prepared["root"] / "sources.json",
+                   prepared["cfg"]["data"], tmp_path / "stats.json", sample=0)
+    assert stats["views"]["megatron"]["conservation"]["train"]["tokens_checked"] == stats["tokens"]["train"]
+    bin_file = tmp_path / "mg" / "val_text_document.bin"  # a changed token is caught
+    raw = bytearray(bin_file.read_bytes())
+    raw[2:4] = struct.pack("<H", (struct.unpack("<H", raw[2:4])[0] + 1) % 500)
+    bin_file.write_bytes(bytes(raw))
+    with pytest.raises(VerifyError, match="megatron/val"):
+        verify(prepared["manifest"], [tmp_path / "mg"], prepared["tokenizer"], prepared["root"] / "sources.json",
+               prepared["cfg"]["data"], tmp_path / "stats2.json", sample=0)
+
+
 def test_shuffle_is_seeded_and_a_permutation(tmp_path, prepared):
     views = {}
     for name, over in (("a", {}), ("b", {}), ("c", {"shuffle_seed": 1}), ("s", {"shuffle": False})):

@@ -69,14 +69,20 @@ def _base_name(url: str) -> str:
 def _open_binary(url: str) -> Iterator:
     """A line-iterable binary stream of `url`, decompressed by its suffix."""
     comp = _compression(url)
-    if comp != "zstd":
+    if comp not in ("zstd", "gzip"):
         with fsspec.open(url, "rb", compression=comp) as fh:
             yield fh
         return
-    import zstandard
-
     with fsspec.open(url, "rb") as raw:
-        yield io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw))
+        if comp == "gzip":  # ISA-L's gzip reader: same bytes as the gzip module, ~2.5x faster
+            from isal import igzip
+
+            with igzip.IGzipFile(fileobj=raw, mode="rb") as fh:
+                yield fh
+        else:
+            import zstandard
+
+            yield io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw))
 
 
 BOM = b"\xef\xbb\xbf"

@@ -77,6 +77,20 @@ def verify_litgpt(store: TokenStore, view: Path, info: dict) -> dict:
     return out
 
 
+def verify_megatron(store: TokenStore, view: Path, info: dict) -> dict:
+    from llmpipe.data.views.megatron import read
+
+    out = {}
+    for split in SPLITS:
+        tokens, lengths = read(view / info[split]["prefix"])
+        stream = store.split(split)
+        _check(f"megatron/{split}", tokens.astype(np.int64), stream.read(0, stream.size))
+        if not np.array_equal(np.cumsum(lengths), np.append(stream.doc_starts(), stream.size)[1:]):
+            raise VerifyError(f"megatron/{split}: document lengths differ from the token store's boundaries")
+        out[split] = {"documents": int(lengths.size), "tokens_checked": int(tokens.size)}
+    return out
+
+
 def check_tokenization(store: TokenStore, tokenizer_dir: Path, data_cfg: dict, sources: list[str], sample: int,
                        mix: dict | None = None) -> dict:
     """Re-tokenize up to `sample` documents per shard with the HF tokenizer; compare with the store."""
@@ -122,7 +136,7 @@ def verify(manifest: str | Path, views: list[Path], tokenizer_dir: Path, sources
     result["tokenization"] = check_tokenization(store, tokenizer_dir, data_cfg, sources, sample, mixture.load(sources_json))
     for view in views:
         info = json.loads((view / "view.json").read_text())
-        check = {"hf": verify_hf, "litgpt": verify_litgpt}[info["format"]]
+        check = {"hf": verify_hf, "litgpt": verify_litgpt, "megatron": verify_megatron}[info["format"]]
         result["views"][info["format"]] = {"conservation": check(store, view, info),
                                            **{s: info[s] for s in SPLITS}}
     for root in [store.root, *views]:

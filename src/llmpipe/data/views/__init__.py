@@ -1,4 +1,5 @@
 """Backend views, each built from the token store by one module: `hf` (Arrow, for torch / NxD /
-ColossalAI) and `litgpt` (PackedDataset .bin files, for the SageMaker marketplace algorithm)."""
+ColossalAI), `litgpt` (PackedDataset .bin files, for the SageMaker marketplace algorithm) and
+`megatron` (indexed .bin/.idx documents, for Megatron-LM / NeMo)."""
 
-FORMATS = ("hf", "litgpt")
+FORMATS = ("hf", "litgpt", "megatron")
