@@ -51,11 +51,13 @@ def corpus_files(wildcards):
 
 
 def tokenizer_inputs(wildcards):
-    """Training a tokenizer reads the sources; copying a local one reads its tokenizer.json."""
+    """Training a tokenizer reads the sources; copying a local one reads its tokenizer.json; a Hub id has none."""
     if config["tokenizer"]["source"] == "train":
         return [f"{RUN}/data/sources.json"]
     if Path(config["tokenizer"]["source"]) == Path(HUB_BASE):  # the downloaded base model's own tokenizer
         return [HUB_BASE]
+    if is_hub_ref(config["tokenizer"]["source"]):  # downloaded by the job itself
+        return []
     return [f"{config['tokenizer']['source']}/tokenizer.json"]
 
 

@@ -22,8 +22,9 @@ rule tokenizer:
         tokenizer_inputs,
     output:
         directory(f"{RUN}/tokenizer"),
+    localrule: is_hub_ref(config["tokenizer"]["source"])  # a Hub download runs where the network is
     params:
-        cfg=cfg_json("data", "tokenizer"),
+        cfg=cfg_json("data", "tokenizer", "hub.cache_dir", "hub.endpoint"),
         sources=lambda wildcards, input: (
             f"--sources {input[0]}" if config["tokenizer"]["source"] == "train" else ""
         ),

@@ -159,6 +159,46 @@ def test_errors_are_one_line(hub_models, tmp_path, ref, token, expect):
     no_token_in(tmp_path, texts=(proc.stdout, proc.stderr))
 
 
+def test_tokenizer_source_as_hub_id(tmp_path):
+    """tokenizer.source: org/name@rev -> only the tokenizer files, pinned commit recorded, same ids as the
+    local copy; an unknown repo is one line naming tokenizer.source; nothing written."""
+    from tests.conftest import GPT2
+
+    files = {p.name: p.read_bytes() for p in GPT2.iterdir() if p.is_file()}
+    repo = Repo()
+    sha = repo.commit({**files, "model.safetensors": b"weights the tokenizer stage must not fetch"}, ref="v1")
+    repo.commit({**files, "tokenizer.json": b"{}"}, ref="main")  # a later, different main
+    with StandInHub() as hub:
+        hub.repos[("model", "org/gpt2")] = repo
+        cfg = {"tokenizer": {"source": "org/gpt2@v1"}, "hub": {"cache_dir": str(tmp_path / "cache"), "endpoint": hub.url}}
+        proc = cli(["tokenizer", "--config", json.dumps(cfg), "--out", str(tmp_path / "tok")])
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        fetched = [r.path for r in hub.requests if "/resolve/" in r.path]
+        # the same through Snakemake: rule tokenizer (a localrule here) gets the hub settings
+        conf = tmp_path / "c.yaml"
+        conf.write_text(yaml.safe_dump({"run": "r", "results_dir": str(tmp_path / "results"), **cfg}))
+        smk = subprocess.run([sys.executable, "-m", "snakemake", str(tmp_path / "results" / "r" / "tokenizer"),
+                              "--cores", "1", "--nolock", "--configfile", str(conf)], cwd=REPO, capture_output=True,
+                             text=True, timeout=300)
+        cfg["tokenizer"]["source"] = "org/nope"
+        bad = cli(["tokenizer", "--config", json.dumps(cfg), "--out", str(tmp_path / "bad")])
+    assert smk.returncode == 0, smk.stderr[-3000:]
+    assert (tmp_path / "results" / "r" / "tokenizer" / "tokenizer.json").read_bytes() == files["tokenizer.json"]
+    out = tmp_path / "tok"
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (out / name).read_bytes() == files[name], name
+    assert json.loads((out / "hub.json").read_text()) == {"source": "hub", "repo_id": "org/gpt2", "revision": "v1",
+                                                          "commit": sha}
+    assert fetched and not any("model.safetensors" in p for p in fetched)
+    from llmpipe.data.tokenizer import load_backend
+
+    text = "Hub tokenizers give the same ids as the local copy."
+    assert load_backend(out).encode(text).ids == load_backend(GPT2).encode(text).ids
+    assert bad.returncode == 1 and not (tmp_path / "bad").exists() and "Traceback" not in bad.stderr
+    line = bad.stderr.strip().splitlines()[-1]
+    assert line.startswith("llmpipe tokenizer: tokenizer.source 'org/nope'") and "not found" in line, bad.stderr
+
+
 def test_gated_model_with_granted_token(hub_models, tmp_path):
     h = hub_models
     cfg = {"hub": {"cache_dir": str(tmp_path / "cache"), "endpoint": h["hub"].url}}

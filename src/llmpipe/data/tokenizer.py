@@ -232,7 +232,10 @@ def train_tokenizer(data_cfg: dict, sources: list[str], out_dir: str | Path, voc
     log.info("trained byte-level BPE: %d tokens -> %s", tok.get_vocab_size(), out_dir)
 
 
-def copy_tokenizer(src: str | Path, out_dir: str | Path) -> None:
+def copy_tokenizer(src: str | Path, out_dir: str | Path, provenance: dict | None = None) -> None:
+    """`provenance`: written as hub.json beside the files (a Hub tokenizer's repo, revision, commit)."""
+    from llmpipe.io import write_json
+
     src = Path(src)
     tok = load_backend(src)
     with atomic_path(out_dir) as tmp:
@@ -241,10 +244,35 @@ def copy_tokenizer(src: str | Path, out_dir: str | Path) -> None:
             if (src / name).is_file():
                 shutil.copy2(src / name, tmp / name)
         tokenizer_info(tmp, tok)  # fail here, not in a later job, if it lacks an EOS (tok: the same bytes)
+        if provenance:
+            write_json(tmp / "hub.json", provenance)
+
+
+def download_tokenizer(ref: str, out_dir: str | Path, cache_dir: str | None = None, endpoint: str | None = None) -> dict:
+    """A Hub tokenizer (org/name[@revision]): only its tokenizer files, through huggingface_hub's cache,
+    then copied like a local folder, with hub.json recording the repo, revision and resolved commit."""
+    from huggingface_hub import snapshot_download
+
+    from llmpipe.hub import HubError, explain, parse_ref
+
+    repo_id, rev = parse_ref(ref)
+    try:
+        snapshot = Path(snapshot_download(repo_id, revision=rev, allow_patterns=list(TOKENIZER_FILES),
+                                          cache_dir=cache_dir, endpoint=endpoint))
+    except Exception as exc:  # huggingface_hub / network errors: one line naming the fix
+        raise HubError(f"tokenizer.source {ref!r} (not a local folder, so read as a Hub id): "
+                       f"{explain(exc, repo_id, rev, kind='tokenizer')}") from None
+    if not (snapshot / "tokenizer.json").is_file():
+        raise HubError(f"tokenizer.source {ref!r}: the repo has no tokenizer.json (a fast HF tokenizer file is needed)")
+    record = {"source": "hub", "repo_id": repo_id, "revision": rev or "main", "commit": snapshot.name}
+    copy_tokenizer(snapshot, out_dir, record)
+    log.info("tokenizer %s -> %s (commit %s)", ref, out_dir, snapshot.name)
+    return record
 
 
 def main(argv: list[str] | None = None) -> None:
     from llmpipe.data.get_data import load_sources
+    from llmpipe.hub import is_hub_ref
 
     p = argparse.ArgumentParser(prog="llmpipe tokenizer", description=__doc__)
     p.add_argument("--config", required=True)
@@ -258,5 +286,12 @@ def main(argv: list[str] | None = None) -> None:
             p.error("tokenizer.source is 'train': pass --sources")
         train_tokenizer(cfg["data"], load_sources(args.sources), args.out, t["vocab_size"], t["min_frequency"],
                         t["max_train_documents"])
+    elif is_hub_ref(t["source"]):
+        from llmpipe.hub import HubError
+
+        try:
+            download_tokenizer(t["source"], args.out, cfg["hub"]["cache_dir"], cfg["hub"]["endpoint"])
+        except HubError as exc:
+            raise SystemExit(f"llmpipe tokenizer: {exc}") from None
     else:
         copy_tokenizer(t["source"], args.out)
