@@ -184,3 +184,26 @@ def test_estimate_from_a_prefix_extrapolates_by_size(tmp_path, monkeypatch):
     assert whole["read_whole"] and not part["read_whole"] and len(part["texts"]) < len(whole["texts"])
     assert part["text_bytes"] == pytest.approx(whole["text_bytes"], rel=0.05)
     assert part["documents"] == pytest.approx(whole["documents"], rel=0.1)
+
+
+def test_hub_tokenizer_source_is_read_from_the_run_that_downloaded_it(tmp_path):
+    """tokenizer.source org/name@rev: the plan uses <run>/tokenizer when its hub.json names that repo and
+    revision (never the id as a path), and says to run the tokenizer stage when it does not."""
+    import shutil
+
+    from llmpipe import config as cfgmod
+    from llmpipe.data.tokenizer import tokenizer_sha256
+    from tests.conftest import GPT2
+
+    cfg = cfgmod.load({"run": "r", "results_dir": str(tmp_path), "tokenizer": {"source": "org/gpt2@v1"}})
+    with pytest.raises(ValueError, match="Hub id not downloaded yet"):
+        P.shape_from_config(cfg, None)
+    tok = tmp_path / "r" / "tokenizer"
+    shutil.copytree(GPT2, tok)
+    (tok / "hub.json").write_text(json.dumps({"source": "hub", "repo_id": "org/gpt2", "revision": "v1", "commit": "c"}))
+    assert P.tokenizer_folder(cfg) == tok
+    assert P._tokenizer_matches(cfg, 0, tokenizer_sha256(GPT2)) and not P._tokenizer_matches(cfg, 0, "0" * 64)
+    shape, where = P.shape_from_config(cfg, None)
+    assert shape.vocab_size >= 50257 and where.endswith(str(tok))
+    other = cfgmod.load({"run": "r", "results_dir": str(tmp_path), "tokenizer": {"source": "org/gpt2@v2"}})
+    assert P.tokenizer_folder(other) is None and not P._tokenizer_matches(other, 0, tokenizer_sha256(GPT2))

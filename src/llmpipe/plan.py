@@ -180,7 +180,10 @@ def shape_from_config(cfg: dict, tokenizer_dir: Path | None) -> tuple[Shape, str
     if cfg["tokenizer"]["source"] != "train" or tokenizer_dir is not None:
         from llmpipe.data.tokenizer import load_backend
 
-        tok = tokenizer_dir or cfg["tokenizer"]["source"]
+        tok = tokenizer_dir or tokenizer_folder(cfg)
+        if tok is None:
+            raise ValueError(f"tokenizer.source {cfg['tokenizer']['source']!r} is a Hub id not downloaded yet: run "
+                             "the tokenizer stage first (snakemake <results>/<run>/tokenizer) and plan again")
         vocab, where = load_backend(tok).get_vocab_size(with_added_tokens=True), str(tok)
     else:
         vocab, where = cfg["tokenizer"]["vocab_size"], "tokenizer.vocab_size"
@@ -388,14 +391,31 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
+def tokenizer_folder(cfg: dict) -> Path | None:
+    """The local folder holding the configured tokenizer: tokenizer.source itself, or for a Hub id this
+    run's tokenizer stage output if it downloaded that repo and revision (None: not trained/fetched yet)."""
+    from llmpipe.hub import is_hub_ref, parse_ref
+
+    source = cfg["tokenizer"]["source"]
+    if not is_hub_ref(source):
+        return None if source == "train" else Path(source)
+    run_tok = cfgmod.run_dir(cfg) / "tokenizer"
+    record = run_tok / "hub.json"
+    if not record.is_file():
+        return None
+    got = json.loads(record.read_text())
+    repo_id, rev = parse_ref(source)
+    return run_tok if (got["repo_id"], got["revision"]) == (repo_id, rev or "main") else None
+
+
 def _tokenizer_matches(cfg: dict, vocab_size: int, sha256: str) -> bool:
     """Whether a tokenizer (its vocab size and tokenizer.json sha256) is the one this config asks for."""
-    source = cfg["tokenizer"]["source"]
-    if source == "train":
+    if cfg["tokenizer"]["source"] == "train":
         return vocab_size == cfg["tokenizer"]["vocab_size"]
-    from llmpipe.data.tokenizer import tokenizer_info
+    from llmpipe.data.tokenizer import tokenizer_sha256
 
-    return sha256 == tokenizer_info(source).sha256
+    folder = tokenizer_folder(cfg)
+    return folder is not None and sha256 == tokenizer_sha256(folder)
 
 
 def run_outputs(cfg: dict) -> dict:
@@ -438,7 +458,7 @@ def build(cfg: dict, view: Path | None = None, store: Path | None = None, model:
     found = {"tokenizer": None} if explicit else run_outputs(cfg)
     if not estimate and not explicit:
         view, store, model = view or found["view"], store or found["store"], model or found["model"]
-    tok_dir = Path(cfg["tokenizer"]["source"]) if cfg["tokenizer"]["source"] != "train" else found["tokenizer"]
+    tok_dir = found["tokenizer"] if cfg["tokenizer"]["source"] == "train" else tokenizer_folder(cfg)
     if view is not None:
         data = data_from_view(Path(view), cfg["train"]["seq_len"])
     elif store is not None:

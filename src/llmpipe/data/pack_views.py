@@ -11,6 +11,7 @@ from pathlib import Path
 
 from llmpipe import config as cfgmod
 from llmpipe.data.token_store import TokenStore
+from llmpipe.data.tokenizer import tokenizer_sha256
 from llmpipe.data.views import FORMATS
 from llmpipe.io import atomic_path, write_json
 
@@ -30,13 +31,8 @@ def build_view(manifest: str | Path, fmt: str, out_dir: str | Path, cfg: dict, t
     if fmt not in FORMATS:
         raise ValueError(f"unknown view format {fmt!r}; available: {', '.join(FORMATS)}")
     store = TokenStore(manifest)
-    if tokenizer_dir is not None:  # the store records the sha256 of tokenizer.json (tokenizer_info)
-        file = Path(tokenizer_dir) / "tokenizer.json"
-        if not file.is_file():
-            raise FileNotFoundError(f"{tokenizer_dir}: no tokenizer.json (a local HF tokenizer folder is needed)")
-        sha = hashlib.sha256(file.read_bytes()).hexdigest()
-        if sha != store.manifest["tokenizer"]["sha256"]:
-            raise ValueError(f"token store {manifest} was made with another tokenizer than {tokenizer_dir}: retokenize")
+    if tokenizer_dir is not None and tokenizer_sha256(tokenizer_dir) != store.manifest["tokenizer"]["sha256"]:
+        raise ValueError(f"token store {manifest} was made with another tokenizer than {tokenizer_dir}: retokenize")
     module = importlib.import_module(f"llmpipe.data.views.{fmt}")
     with atomic_path(out_dir) as tmp:
         stats = module.write(store, tmp, cfg)

@@ -4,7 +4,6 @@ the data stages use: the HF tokenizer itself, or tiktoken when it gives exactly 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import logging
 import re
@@ -54,6 +53,16 @@ def load_backend(path: str | Path):
     return Tokenizer.from_file(str(file))
 
 
+def tokenizer_sha256(path: str | Path) -> str:
+    """sha256 of a tokenizer folder's tokenizer.json: what the token store and its views are keyed by."""
+    from llmpipe.io import sha256_file
+
+    file = Path(path) / "tokenizer.json"
+    if not file.is_file():
+        raise FileNotFoundError(f"{path}: no tokenizer.json (a local HF tokenizer folder is needed)")
+    return sha256_file(file)
+
+
 def tokenizer_info(path: str | Path, tok=None) -> TokenizerInfo:
     """`tok`: the tokenizers.Tokenizer of `path`, if already loaded."""
     path = Path(path)
@@ -67,8 +76,7 @@ def tokenizer_info(path: str | Path, tok=None) -> TokenizerInfo:
     bos_id = tok.token_to_id(bos) if bos else None
     probe = tok.encode("a", add_special_tokens=True).ids
     adds_bos = bos_id is not None and bos_id != eos_id and probe[:1] == [bos_id]
-    sha = hashlib.sha256((path / "tokenizer.json").read_bytes()).hexdigest()
-    return TokenizerInfo(eos_id, bos_id, adds_bos, tok.get_vocab_size(with_added_tokens=True), sha)
+    return TokenizerInfo(eos_id, bos_id, adds_bos, tok.get_vocab_size(with_added_tokens=True), tokenizer_sha256(path))
 
 
 def load_tokenizer(path: str | Path):
@@ -251,17 +259,13 @@ def copy_tokenizer(src: str | Path, out_dir: str | Path, provenance: dict | None
 def download_tokenizer(ref: str, out_dir: str | Path, cache_dir: str | None = None, endpoint: str | None = None) -> dict:
     """A Hub tokenizer (org/name[@revision]): only its tokenizer files, through huggingface_hub's cache,
     then copied like a local folder, with hub.json recording the repo, revision and resolved commit."""
-    from huggingface_hub import snapshot_download
+    from llmpipe.hub import HubError
+    from llmpipe.hub.download import fetch_snapshot
 
-    from llmpipe.hub import HubError, explain, parse_ref
-
-    repo_id, rev = parse_ref(ref)
     try:
-        snapshot = Path(snapshot_download(repo_id, revision=rev, allow_patterns=list(TOKENIZER_FILES),
-                                          cache_dir=cache_dir, endpoint=endpoint))
-    except Exception as exc:  # huggingface_hub / network errors: one line naming the fix
-        raise HubError(f"tokenizer.source {ref!r} (not a local folder, so read as a Hub id): "
-                       f"{explain(exc, repo_id, rev, kind='tokenizer')}") from None
+        repo_id, rev, snapshot = fetch_snapshot(ref, list(TOKENIZER_FILES), cache_dir, endpoint, kind="tokenizer")
+    except HubError as exc:
+        raise HubError(f"tokenizer.source {ref!r} (not a local folder, so read as a Hub id): {exc}") from None
     if not (snapshot / "tokenizer.json").is_file():
         raise HubError(f"tokenizer.source {ref!r}: the repo has no tokenizer.json (a fast HF tokenizer file is needed)")
     record = {"source": "hub", "repo_id": repo_id, "revision": rev or "main", "commit": snapshot.name}

@@ -25,8 +25,6 @@ class VerifyError(AssertionError):
     pass
 
 
-
-
 def _expected_real(stream, layout: Layout) -> np.ndarray:
     """The real (non-pad) tokens the rows must hold, in stream order."""
     parts = [stream.read(a, b) for i in range(layout.rows) for a, b in layout.spans(i)]

@@ -29,8 +29,6 @@ DEFAULT_PATTERNS = ["*.safetensors", "*.json", "*.txt", "*.model", "*.tiktoken"]
 INDEX = "model.safetensors.index.json"
 
 
-
-
 def check_complete(folder: Path, where: str) -> list[str]:
     """The weight files of an HF folder; raises HubError if config, weights or an indexed shard is missing."""
     if not (folder / "config.json").is_file():
@@ -65,6 +63,20 @@ def _copy_tree(src: Path, dst: Path) -> list[str]:
     return files
 
 
+def fetch_snapshot(ref: str, patterns: list[str], cache_dir: str | None = None, endpoint: str | None = None,
+                   revision: str | None = None, kind: str = "model") -> tuple[str, str | None, Path]:
+    """(repo id, revision asked for, snapshot folder) of a Hub ref, only `patterns` files, through
+    huggingface_hub's cache; its errors become one HubError line naming the fix."""
+    from huggingface_hub import snapshot_download
+
+    repo_id, rev = parse_ref(ref, revision)
+    try:
+        return repo_id, rev, Path(snapshot_download(repo_id, revision=rev, allow_patterns=patterns,
+                                                    cache_dir=cache_dir, endpoint=endpoint))
+    except Exception as exc:  # huggingface_hub / network errors
+        raise HubError(explain(exc, repo_id, rev, kind)) from None
+
+
 def download_model(ref: str, out: str | Path, revision: str | None = None, allow_patterns: list[str] | None = None,
                    cache_dir: str | None = None, endpoint: str | None = None) -> dict:
     """`ref` (Hub id, optionally @revision, or a local folder) -> `out`, complete or not at all."""
@@ -78,16 +90,7 @@ def download_model(ref: str, out: str | Path, revision: str | None = None, allow
         record = {"source": "local", "path": str(src)}
         snapshot = src
     else:
-        from huggingface_hub import snapshot_download
-
-        repo_id, rev = parse_ref(ref, revision)
-        try:
-            snapshot = Path(snapshot_download(repo_id, revision=rev, allow_patterns=patterns, cache_dir=cache_dir,
-                                              endpoint=endpoint))
-        except HubError:
-            raise
-        except Exception as exc:  # huggingface_hub / network errors: one line naming the fix
-            raise HubError(explain(exc, repo_id, rev)) from None
+        repo_id, rev, snapshot = fetch_snapshot(ref, patterns, cache_dir, endpoint, revision)
         check_complete(snapshot, f"{repo_id}@{rev or 'main'}")
         record = {"source": "hub", "repo_id": repo_id, "revision": rev or "main", "commit": snapshot.name,
                   "allow_patterns": patterns}

@@ -36,8 +36,6 @@ main()
 '''
 
 
-
-
 def local_files(root: Path, flat: bool) -> dict[str, Path]:
     """Relative S3 key -> file; flat drops the folders (names must then be unique)."""
     out: dict[str, Path] = {}

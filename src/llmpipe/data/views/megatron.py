@@ -17,45 +17,36 @@ import numpy as np
 from safetensors import safe_open
 
 from llmpipe.data.token_store import SPLITS, TokenStore
+from llmpipe.data.views.litgpt import file_dtype  # the same rule: uint16 under 65,500 tokens, else int32
 
 MAGIC, VERSION = b"MMIDIDX\x00\x00", 1
-CODES = {np.dtype(np.uint8): 1, np.dtype(np.int8): 2, np.dtype(np.int16): 3, np.dtype(np.int32): 4,
-         np.dtype(np.int64): 5, np.dtype(np.float64): 6, np.dtype(np.float32): 7, np.dtype(np.uint16): 8}
+CODES = {np.dtype(np.int32): 4, np.dtype(np.uint16): 8}  # Megatron's DType codes of the two we write
 HEAD = struct.Struct("<9sQBQQ")  # magic, version, dtype code, sequences, documents
 COPY_TOKENS = 1 << 24  # tokens copied per read
 
 
-def file_dtype(vocab_size: int) -> np.dtype:
-    return np.dtype(np.uint16) if vocab_size < 65500 else np.dtype(np.int32)
-
-
-def _shard_lengths(files: list[safe_open], split: str):
-    for f in files:
-        yield np.diff(f.get_tensor(f"{split}.offsets"))
-
-
 def write_split(store: TokenStore, split: str, prefix: Path) -> dict:
     dtype = file_dtype(store.manifest["tokenizer"]["vocab_size"]).newbyteorder("<")
-    files = [safe_open(str(store.root / e["file"]), framework="numpy") for e in store.manifest["shards"]]
-    docs = sum(f.get_slice(f"{split}.doc_ids").get_shape()[0] for f in files)
-    tokens = 0
-    with open(prefix.with_suffix(".bin"), "wb") as fh:
-        for f in files:
-            toks = f.get_slice(f"{split}.tokens")
-            n = toks.get_shape()[0]
-            for a in range(0, n, COPY_TOKENS):
-                fh.write(toks[a:min(n, a + COPY_TOKENS)].astype(dtype).tobytes())
-            tokens += n
-    with open(prefix.with_suffix(".idx"), "wb") as fh:
-        fh.write(HEAD.pack(MAGIC, VERSION, CODES[dtype.newbyteorder("=")], docs, docs + 1))
-        for lengths in _shard_lengths(files, split):
-            fh.write(lengths.astype("<i4").tobytes())
-        start = 0
-        for lengths in _shard_lengths(files, split):
-            ends = np.cumsum(lengths) + start
-            fh.write(((ends - lengths) * dtype.itemsize).astype("<i8").tobytes())
-            start = int(ends[-1]) if ends.size else start
-        fh.write(np.arange(docs + 1, dtype="<i8").tobytes())
+    docs, tokens = (store.manifest["totals"][split][k] for k in ("documents", "tokens"))
+    with open(prefix.with_suffix(".bin"), "wb") as bin_fh, open(prefix.with_suffix(".idx"), "wb") as idx:
+        idx.write(HEAD.pack(MAGIC, VERSION, CODES[dtype.newbyteorder("=")], docs, docs + 1))
+        at_len, at_ptr, done = HEAD.size, HEAD.size + 4 * docs, 0  # where the next lengths / pointers go
+        for e in store.manifest["shards"]:
+            with safe_open(str(store.root / e["file"]), framework="numpy") as f:
+                toks = f.get_slice(f"{split}.tokens")
+                n = toks.get_shape()[0]
+                for a in range(0, n, COPY_TOKENS):
+                    bin_fh.write(toks[a:min(n, a + COPY_TOKENS)].astype(dtype).tobytes())
+                offsets = f.get_tensor(f"{split}.offsets")  # [0, end of doc 1, ...] within this shard
+            idx.seek(at_len)
+            at_len += idx.write(np.diff(offsets).astype("<i4").tobytes())
+            idx.seek(at_ptr)
+            at_ptr += idx.write(((offsets[:-1] + done) * dtype.itemsize).astype("<i8").tobytes())
+            done += n
+        idx.seek(at_ptr)
+        idx.write(np.arange(docs + 1, dtype="<i8").tobytes())
+    if done != tokens:
+        raise ValueError(f"{split}: the shards hold {done} tokens, the manifest says {tokens}")
     return {"documents": docs, "tokens": tokens, "dtype": dtype.name, "prefix": prefix.name}
 
 
