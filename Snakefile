@@ -1,6 +1,6 @@
 # llmpipe: raw text -> token store -> packed views -> train -> HF export -> evaluation.
-# Run: snakemake --profile profiles/local      Dry run: add -n      DAG: scripts/dag.sh
-# Plan only (before training): snakemake --profile profiles/local results/default/plan.json
+# Run: snakemake --profile local (or slurm-trn1, gpu-colossal, tpu, sagemaker)   Dry run: add -n
+# Planning DAG: llmpipe dag --profile slurm-trn1      Plan only: snakemake --profile local results/default/plan.json
 # Report after a run: snakemake --report report.html
 from snakemake.utils import min_version
 
@@ -23,6 +23,7 @@ include: "rules/report.smk"
 include: "rules/hub.smk"
 
 
+check_profile_resources()
 apply_config_resources()
 
 

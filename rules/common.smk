@@ -1,21 +1,29 @@
-# Config validation (before any job), run paths, backend selection, the llmpipe command.
+# Config layers and validation (before any job), run paths, backend selection, the llmpipe command.
 import json
+import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
-from llmpipe import backends
+from llmpipe import backends, profiles
 from llmpipe.config import ConfigError, validate
 from llmpipe.data.mixture import paths as source_paths
 from llmpipe.data.readers import HF_PREFIX
 from llmpipe.hub import is_hub_ref
 from llmpipe.data.sources import expand_sources
 
+# defaults < preset < the profile's llmpipe.yaml < your --configfile / --config (llmpipe/profiles.py)
 try:
+    PROFILE = profiles.active_profile(profiles.snakemake_argv())
+    layered, CONFIG_LAYERS = profiles.layered(workflow.config_settings.overwrite_config, PROFILE, Path(workflow.basedir))
+    config.clear()
+    config.update(layered)
     validate(config)
 except ConfigError as exc:
     raise WorkflowError(str(exc)) from None
+if PROFILE is not None:
+    os.environ[profiles.PROFILE_ENV] = str(PROFILE)  # cluster jobs inherit it (sbatch --export=ALL)
 
 RUN = f"{config['results_dir']}/{config['run']}"
 BACKEND = config["train"]["backend"]
@@ -65,6 +73,8 @@ def tokenizer_inputs(wildcards):
 # are materialised as Parquet files (list those paths in data.sources).
 HUB_BASE = f"{RUN}/checkpoints/base"
 HUB_DATASETS = {d["name"]: f"{RUN}/data/hub/{d['name']}.parquet" for d in config["hub"]["datasets"]}
+if config["tokenizer"]["source"] == "base":  # the base model's own tokenizer (continued pre-training)
+    config["tokenizer"]["source"] = HUB_BASE if is_hub_ref(config["model"]["init_from"]) else config["model"]["init_from"]
 
 
 def init_from():
@@ -97,7 +107,8 @@ def launch_prefix(python="python"):
     """The training launch (llmpipe.launch): python, torchrun, or srun + torchrun per node, all
     started with `python` (a backend environment's interpreter runs the launcher and what it starts)."""
     t = config["train"]
-    return f"{python} -m llmpipe launch --nproc-per-node {t['nproc']} --nnodes {t['nnodes']} --launcher {t['launcher']}"
+    resume = " --auto-resume" if t["slurm_auto_resume"] else ""  # HyperPod: srun --auto-resume=1
+    return f"{python} -m llmpipe launch --nproc-per-node {t['nproc']} --nnodes {t['nnodes']} --launcher {t['launcher']}{resume}"
 
 
 def colossal_launch():
@@ -118,6 +129,21 @@ def train_resources():
     --ntasks-per-gpu (tasks_per_gpu 0), so Slurm's default of one task per node holds there too."""
     n = config["train"]["nnodes"]
     return {"nodes": n, "tasks": n, "tasks_per_gpu": 0}
+
+
+def check_profile_resources():
+    """A profile sized for another trainer is an error, not a run of this one on its nodes: every
+    training-backend rule the profile's set-resources names must be in this workflow."""
+    named = set(workflow.resource_settings.overwrite_resources or {})
+    owners = backends.rules_by_backend(Path(workflow.basedir) / "rules")
+    missing = sorted(r for b, rs in owners.items() if b != BACKEND for r in rs if r in named)
+    if missing:
+        where = f"profile {PROFILE.name!r}" if PROFILE else "the profile's set-resources"
+        raise WorkflowError(
+            f"{where} gives resources to {', '.join(missing)} (train.backend "
+            f"{', '.join(sorted({b for b, rs in owners.items() for r in rs if r in missing}))}), but this config trains "
+            f"with train.backend {BACKEND!r} (rules {', '.join(owners.get(BACKEND, []))}): use the profile made for "
+            f"{BACKEND!r}, or set train.backend to the profile's (README: Run on your hardware)")
 
 
 def apply_config_resources():

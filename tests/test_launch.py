@@ -65,6 +65,39 @@ def test_auto_uses_srun_when_the_job_has_several_nodes_and_srun_can_be_forced_on
     assert launch.plan(ARGS, 2, 1, "local", two, python=PY)[0] == PY
 
 
+def test_hyperpod_auto_resume_is_srun_auto_resume_even_on_one_node():
+    one = launch.Allocation("5", ["a"], 2)
+    cmd = launch.plan(ARGS, 2, 1, "auto", one, python=PY, auto_resume=True)
+    assert cmd[:2] == ["srun", "--auto-resume=1"] and cmd.count("--auto-resume=1") == 1
+    assert "--auto-resume=1" not in launch.plan(ARGS, 2, 1, "srun", one, python=PY)
+    with pytest.raises(launch.LaunchError, match="needs a Slurm job"):
+        launch.plan(ARGS, 2, 1, "auto", None, python=PY, auto_resume=True)
+    with pytest.raises(launch.LaunchError, match="slurm_auto_resume needs srun"):
+        launch.plan(ARGS, 2, 1, "local", one, python=PY, auto_resume=True)
+
+
+def test_auto_resume_from_the_config_reaches_the_launch_dry_run(tmp_path):
+    """train.slurm_auto_resume: true -> the train rule's launch prefix has --auto-resume, and the launch dry
+    run under a Slurm job (scontrol stubbed on PATH) shows srun --auto-resume=1."""
+    from tests.conftest import REPO
+
+    over = tmp_path / "hp.yaml"
+    over.write_text("train: {slurm_auto_resume: true}\n")
+    dry = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-p", "--profile", "local", "--configfile", str(over),
+                          "--config", f"results_dir={tmp_path}/r"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert dry.returncode == 0, dry.stderr[-2000:]
+    assert "llmpipe launch --nproc-per-node 1 --nnodes 1 --launcher auto --auto-resume -- -m llmpipe train" in dry.stdout
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text("#!/bin/sh\n[ \"$2\" = job ] && echo 'JobId=9 NodeList=n1 CPUs/Task=4' || echo n1\n")
+    (bin_dir / "scontrol").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "9"}
+    out = subprocess.run([sys.executable, "-m", "llmpipe", "launch", "--auto-resume", "--dry-run", "--", "-m", "x"],
+                         capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("srun --auto-resume=1 --overlap --kill-on-bad-exit=1 --nodes=1 --ntasks=1")
+
+
 def test_wrong_node_count_or_no_slurm_job_is_a_clear_error():
     with pytest.raises(launch.LaunchError, match=r"has 2 node\(s\) \(a,b\) but 4 were asked for \(train.nnodes\)"):
         launch.plan(ARGS, 1, 4, "auto", launch.Allocation("5", ["a", "b"], None))

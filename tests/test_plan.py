@@ -96,7 +96,7 @@ def test_7b_without_zero_does_not_fit_one_instance_and_says_so():
 def test_70b_steps_flops_and_memory_under_tp_pp_zero_checkpointing():
     trn = {"devices": 32, "peak_tflops": 95, "hbm_gib": 16, "price_per_hour": 21.5, "mfu": 0.35}
     odd = {**GPU8, "devices": 5}
-    plan = plan_for(PRESET_70B, hardware={"gpu8": GPU8, "trn": trn, "odd": odd})  # tp 8, pp 4, ZeRO-1, 16 instances
+    plan = plan_for(PRESET_70B, hardware={"gpu8": GPU8, "trn": trn, "odd": odd})  # 16 nodes x 8; what-if tp 8, pp 4, ZeRO-1
     s = plan["schedule"]
     assert s["tokens_per_step"] == 16_777_216  # 2048 x 8192
     assert s["steps"] == 894_070  # ceil(15e12 / 16,777,216) = ceil(894,069.67)
@@ -114,9 +114,14 @@ def test_70b_steps_flops_and_memory_under_tp_pp_zero_checkpointing():
     assert m["activations"] == 8192 * (20 * 4 * 2 * 8192 + 274_432) / 8 == 1_623_195_648
     assert m["logits"] == 4 * 8192 * 128256 / 8
     assert gpu["fits"] is True
-    assert (t["devices"], t["dp"]) == (512, 16) and t["memory_bytes"]["optimizer"] == pytest.approx(12 * shard / 16)
-    assert o["dp"] is None and o["fits"] is None  # 80 devices: tp x pp = 32 does not divide
-    assert any("odd: tp x pp = 32 does not divide 80 devices" in w for w in plan["warnings"])
+    # the layout is the training config's (train.nproc 8 per node), whatever the instance holds
+    assert (t["devices"], t["dp"]) == (128, 4) and t["memory_bytes"]["optimizer"] == pytest.approx(12 * shard / 4)
+    assert any("trn: training uses 8 of the instance's 32 devices" in w for w in plan["warnings"])
+    assert o["dp"] is None and o["fits"] is None  # 8 processes per node on a 5-device instance
+    assert any("odd: 8 processes per node (train.nproc) but the instance has 5 devices" in w for w in plan["warnings"])
+    lay = plan["layout"]
+    assert lay["source"] == "what-if" and set(lay["what_if"]) == {"tp", "pp", "zero", "activation_checkpointing"}
+    assert any(w.startswith("what-if: plan.tp 8 (training runs tp = 1)") for w in plan["warnings"])
 
 
 def test_epochs_and_warmup_fraction_derive_steps_and_an_overlay():

@@ -141,10 +141,20 @@ def _cross_checks(config: dict) -> list[str]:
                        " must be even (rotary embeddings rotate pairs)")
         if heads % kv:
             out.append(f"'model.num_attention_heads' ({heads}) is not a multiple of 'model.num_key_value_heads' ({kv})")
-    tp = config["plan"]["tp"]
+    from llmpipe.parallelism import tp_of
+
+    tp, tp_key = tp_of(config)
     if train["seq_len"] % tp:
-        out.append(f"'train.seq_len' ({train['seq_len']}) is not a multiple of 'plan.tp' ({tp}): sequence parallelism"
+        out.append(f"'train.seq_len' ({train['seq_len']}) is not a multiple of '{tp_key}' ({tp}): sequence parallelism"
                    " splits each sequence over the tensor-parallel ranks")
+    if train["slurm_auto_resume"]:
+        if train["backend"] not in ("torch", "colossal", "neuron") or config["colossal"]["launcher"] == "colossalai" and train["backend"] == "colossal":
+            out.append(f"'train.slurm_auto_resume' applies to jobs launched with srun (backends torch, neuron, colossal with"
+                       f" colossal.launcher llmpipe); train.backend is {train['backend']!r}")
+        elif train["launcher"] == "local":
+            out.append("'train.slurm_auto_resume' needs srun, but 'train.launcher' is local")
+    if model["init_from"] is None and config["tokenizer"]["source"] == "base":
+        out.append("'tokenizer.source' is 'base' (the base model's tokenizer) but 'model.init_from' is not set")
     return out
 
 

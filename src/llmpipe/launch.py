@@ -11,6 +11,8 @@ node of a Slurm job, and exec it (the log shows the command).
                          torchrun --nnodes K --node_rank $SLURM_NODEID --nproc_per_node N
                            --master_addr HEAD --master_port PORT ARGS
   auto                   srun when --nnodes > 1 or the Slurm job has more than one node, else local.
+  --auto-resume          SageMaker HyperPod: srun --auto-resume=1 (a faulty node is replaced and the step
+                         restarted, resuming from the newest checkpoint); implies srun.
 
 HEAD is the first host of the job's node list (`scontrol show hostnames`), PORT 29500 + job id % 1000
 unless --port. The job is read with `scontrol show job`, since Snakemake's job step drops most
@@ -77,10 +79,12 @@ def local_command(args: list[str], nproc: int, python: str = sys.executable) -> 
 
 
 def srun_command(args: list[str], alloc: Allocation, nproc: int, port: int | None = None,
-                 python: str = sys.executable) -> list[str]:
+                 python: str = sys.executable, auto_resume: bool = False) -> list[str]:
     """One task per node of the job, each running `launch --node-task` (which execs torchrun)."""
     n = len(alloc.hosts)
     cmd = ["srun", "--overlap", "--kill-on-bad-exit=1", f"--nodes={n}", f"--ntasks={n}", "--ntasks-per-node=1"]
+    if auto_resume:
+        cmd.insert(1, "--auto-resume=1")  # HyperPod's Slurm plugin (its recipes: srun --auto-resume=1)
     if alloc.cpus_per_task:
         cmd.append(f"--cpus-per-task={alloc.cpus_per_task}")
     return cmd + [python, "-m", "llmpipe", "launch", "--node-task", "--nnodes", str(n), "--nproc-per-node", str(nproc),
@@ -104,11 +108,14 @@ def srun_env(env: Mapping[str, str]) -> dict[str, str]:
 
 
 def plan(args: list[str], nproc: int, nnodes: int, launcher: str, alloc: Allocation | None,
-         port: int | None = None, python: str = sys.executable) -> list[str]:
+         port: int | None = None, python: str = sys.executable, auto_resume: bool = False) -> list[str]:
     """The command to exec for `launcher` (auto, local, srun) given the Slurm job (or None)."""
     if launcher not in ("auto", "local", "srun"):
         raise LaunchError(f"unknown launcher {launcher!r}: auto, local or srun")
-    use_srun = launcher == "srun" or (launcher == "auto" and (nnodes > 1 or (alloc is not None and len(alloc.hosts) > 1)))
+    if auto_resume and launcher == "local":
+        raise LaunchError("train.slurm_auto_resume needs srun (HyperPod's --auto-resume); train.launcher is local")
+    use_srun = launcher == "srun" or auto_resume or (
+        launcher == "auto" and (nnodes > 1 or (alloc is not None and len(alloc.hosts) > 1)))
     if not use_srun:
         return local_command(args, nproc, python)
     if alloc is None:
@@ -117,7 +124,7 @@ def plan(args: list[str], nproc: int, nnodes: int, launcher: str, alloc: Allocat
     if len(alloc.hosts) != nnodes:
         raise LaunchError(f"Slurm job {alloc.job_id} has {len(alloc.hosts)} node(s) ({','.join(alloc.hosts)}) "
                           f"but {nnodes} were asked for (train.nnodes)")
-    return srun_command(args, alloc, nproc, port, python)
+    return srun_command(args, alloc, nproc, port, python, auto_resume)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -129,6 +136,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--nnodes", type=int, default=1, help="nodes expected (train.nnodes); checked against the Slurm job")
     p.add_argument("--launcher", default="auto", choices=["auto", "local", "srun"])
     p.add_argument("--port", type=int, default=None, help="rendezvous port (default 29500 + job id %% 1000)")
+    p.add_argument("--auto-resume", action="store_true", help="HyperPod: srun --auto-resume=1 (train.slurm_auto_resume)")
     p.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
     p.add_argument("--node-task", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--master", help=argparse.SUPPRESS)
@@ -144,7 +152,8 @@ def main(argv: list[str] | None = None) -> None:
             cmd = node_command(args, env, opts.nnodes, opts.nproc_per_node, opts.master)
         else:
             alloc = None if opts.launcher == "local" else slurm_allocation(env)
-            cmd = plan(args, opts.nproc_per_node, opts.nnodes, opts.launcher, alloc, opts.port)
+            cmd = plan(args, opts.nproc_per_node, opts.nnodes, opts.launcher, alloc, opts.port,
+                       auto_resume=opts.auto_resume)
             if cmd[0] == "srun":
                 env = srun_env(env)
     except (LaunchError, subprocess.CalledProcessError) as exc:

@@ -16,7 +16,10 @@ tokenizer; see llmpipe.plan_tokens). Formulas (Llama shapes; d = hidden, L = lay
                2 (4d + 2 q + 2 kv + 3 ffn) B (q = heads x head_dim, kv = kv_heads x head_dim; flash
                attention, sequence parallel: / tp), x layers per stage x micro batches in flight
                (min(pp, grad accumulation)); with checkpointing 2 d B per layer + one layer's full set;
+               selective (NxD: attention and MLP recomputed) 2 (4d + 2 q + 2 kv) B per layer;
                + fp32 logits 4 s V B / tp; fits if <= 90 % of HBM.
+  layout       the one training runs (llmpipe.parallelism: train.nnodes, processes per node, the
+               backend's tp / pp / ZeRO / checkpointing); plan.tp etc. are labelled what-ifs.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from pathlib import Path
 import yaml
 
 from llmpipe import config as cfgmod
+from llmpipe import parallelism
 from llmpipe.io import atomic_path, write_json
 
 log = logging.getLogger(__name__)
@@ -96,15 +100,16 @@ def checkpoint_parameters(folder: Path) -> int | None:
     return total
 
 
-def activation_bytes_per_token_layer(s: Shape) -> int:
+def activation_bytes_per_token_layer(s: Shape, selective: bool = False) -> int:
     """bf16 tensors a layer saves for backward, per token: two norm inputs, two matmul inputs, q, k, v,
-    attention output (flash attention: no s x s scores), gate, up and down-projection input."""
+    attention output (flash attention: no s x s scores), gate, up and down-projection input (selective
+    checkpointing recomputes the MLP: no gate / up / down inputs)."""
     q, kv = s.num_attention_heads * s.head_dim, s.num_key_value_heads * s.head_dim
-    return 2 * (4 * s.hidden_size + 2 * q + 2 * kv + 3 * s.intermediate_size)
+    return 2 * (4 * s.hidden_size + 2 * q + 2 * kv + (0 if selective else 3 * s.intermediate_size))
 
 
 def memory(s: Shape, n_params: int, seq_len: int, micro: int, accum: int, tp: int, pp: int, dp: int, zero: int,
-           checkpointing: bool) -> dict:
+           checkpointing: bool | str) -> dict:
     """Bytes per device (see the module docstring for the model)."""
     shard = n_params / (tp * pp)
     weights = 2 * shard / (dp if zero >= 3 else 1)
@@ -114,7 +119,9 @@ def memory(s: Shape, n_params: int, seq_len: int, micro: int, accum: int, tp: in
     layers = math.ceil(s.num_hidden_layers / pp)
     in_flight = min(pp, max(1, accum))
     full = activation_bytes_per_token_layer(s)
-    if checkpointing:
+    if checkpointing == "selective":
+        acts = tokens * layers * in_flight * activation_bytes_per_token_layer(s, selective=True) / tp
+    elif checkpointing:
         acts = tokens * (layers * in_flight * 2 * s.hidden_size + full) / tp
     else:
         acts = tokens * layers * in_flight * full / tp
@@ -220,17 +227,28 @@ def schedule(cfg: dict, train_rows: int) -> dict:
     return out
 
 
-def option(name: str, spec: dict, cfg: dict, shape: Shape, n_params: int, total_flops: float) -> dict:
-    """Time, cost and memory fit of one hardware option under the plan's parallel layout."""
+def option(name: str, spec: dict, cfg: dict, layout: dict, shape: Shape, n_params: int, total_flops: float) -> dict:
+    """Time, cost and memory fit of one hardware option under the layout training runs (or a what-if)."""
     p, t = cfg["plan"], cfg["train"]
-    devices = spec["devices"] * p["instances"]
-    mp = p["tp"] * p["pp"]
+    per_node = layout["processes_per_node"] or spec["devices"]
+    instances = layout["nodes"]
+    devices = per_node * instances
+    mp = layout["tp"] * layout["pp"]
     mfu = p["mfu"] if p["mfu"] is not None else spec["mfu"]
     seconds = total_flops / (devices * spec["peak_tflops"] * 1e12 * mfu)
-    row = {"name": name, "accelerator": spec.get("accelerator", ""), "instances": p["instances"], "devices": devices,
+    row = {"name": name, "accelerator": spec.get("accelerator", ""), "instances": instances, "devices": devices,
+           "devices_per_instance": spec["devices"], "processes_per_instance": per_node,
            "peak_tflops": spec["peak_tflops"], "mfu": mfu, "price_per_hour": spec["price_per_hour"],
-           "hours": seconds / 3600, "cost_usd": seconds / 3600 * spec["price_per_hour"] * p["instances"],
+           "hours": seconds / 3600, "cost_usd": seconds / 3600 * spec["price_per_hour"] * instances,
            "hbm_gib": spec["hbm_gib"], "warnings": []}
+    if per_node > spec["devices"]:
+        row["warnings"].append(f"{name}: {per_node} processes per node ({layout['keys'].get('processes_per_node')}) but "
+                               f"the instance has {spec['devices']} devices; no layout")
+        row.update(dp=None, grad_accum=None, memory_gib=None, fits=None)
+        return row
+    if per_node < spec["devices"]:
+        row["warnings"].append(f"{name}: training uses {per_node} of the instance's {spec['devices']} devices "
+                               f"({layout['keys'].get('processes_per_node')} = {per_node})")
     if devices % mp:
         row["warnings"].append(f"{name}: tp x pp = {mp} does not divide {devices} devices; no layout")
         row.update(dp=None, grad_accum=None, memory_gib=None, fits=None)
@@ -240,21 +258,21 @@ def option(name: str, spec: dict, cfg: dict, shape: Shape, n_params: int, total_
     accum = gb / (micro * dp)
     if gb % (micro * dp):
         row["warnings"].append(f"{name}: global_batch_size {gb} is not a multiple of micro_batch_size {micro} x dp {dp}")
-    mem = memory(shape, n_params, t["seq_len"], micro, math.ceil(accum), p["tp"], p["pp"], dp, p["zero"],
-                 p["activation_checkpointing"])
+    mem = memory(shape, n_params, t["seq_len"], micro, math.ceil(accum), layout["tp"], layout["pp"], dp, layout["zero"],
+                 layout["activation_checkpointing"])
     usable = spec["hbm_gib"] * GIB * (1 - RESERVED_FRACTION)
     fits = mem["total"] <= usable
     if not fits:
         row["warnings"].append(
             f"{name}: does not fit: {mem['total'] / GIB:.1f} GiB per device > {usable / GIB:.1f} GiB usable of "
-            f"{spec['hbm_gib']} GiB; raise plan.zero / tp / pp, enable activation_checkpointing or lower micro_batch_size")
+            f"{spec['hbm_gib']} GiB; raise ZeRO / tp / pp, enable activation checkpointing or lower micro_batch_size")
     row.update(dp=dp, grad_accum=accum, memory_gib={k: v / GIB for k, v in mem.items()}, memory_bytes=mem,
                usable_gib=usable / GIB, fits=fits)
     return row
 
 
 def make_plan(cfg: dict, shape: Shape, n_params: int, data: dict, hardware: dict, model_source: str = "") -> dict:
-    p = cfg["plan"]
+    layout, what_if = parallelism.planned(cfg)
     sched = schedule(cfg, data["train_rows"])
     n_mm = matmul_parameters(shape, n_params)
     per_token = flops_per_token(shape, n_mm, sched["seq_len"])
@@ -268,12 +286,14 @@ def make_plan(cfg: dict, shape: Shape, n_params: int, data: dict, hardware: dict
         warnings.append(f"warmup ({sched['warmup_steps']} steps) is not shorter than the run ({sched['steps']} steps)")
     if sched["epochs"] > MANY_EPOCHS:
         warnings.append(f"{sched['epochs']:.3g} epochs: the data is repeated more than {MANY_EPOCHS:g} times")
-    heads, kv, tp = shape.num_attention_heads, shape.num_key_value_heads, p["tp"]
+    for key, v in what_if.items():
+        warnings.append(f"what-if: plan.{key} {v['plan']} (training runs {v['trained_key'] or key} = {v['trained']})")
+    heads, kv, tp, pp = shape.num_attention_heads, shape.num_key_value_heads, layout["tp"], layout["pp"]
     if heads % tp or (kv % tp and tp % kv):
-        warnings.append(f"plan.tp {tp} does not split {heads} attention / {kv} key-value heads evenly")
-    if shape.num_hidden_layers % p["pp"]:
-        warnings.append(f"plan.pp {p['pp']} does not divide {shape.num_hidden_layers} layers evenly")
-    rows = [option(name, spec, cfg, shape, n_params, total) for name, spec in hardware.items()]
+        warnings.append(f"tp {tp} does not split {heads} attention / {kv} key-value heads evenly")
+    if shape.num_hidden_layers % pp:
+        warnings.append(f"pp {pp} does not divide {shape.num_hidden_layers} layers evenly")
+    rows = [option(name, spec, cfg, layout, shape, n_params, total) for name, spec in hardware.items()]
     for r in rows:
         warnings.extend(r["warnings"])
     return {
@@ -284,7 +304,10 @@ def make_plan(cfg: dict, shape: Shape, n_params: int, data: dict, hardware: dict
         "flops": {"per_token": per_token, "total": total,
                   "attention_share": 1 - 6 * n_mm / per_token,
                   "formula": "tokens x (6 N_matmul + 12 L heads head_dim seq_len)"},
-        "layout": {k: p[k] for k in ("tp", "pp", "zero", "activation_checkpointing", "instances")},
+        "layout": {"backend": layout["backend"], "tp": tp, "pp": pp, "zero": layout["zero"],
+                   "activation_checkpointing": layout["activation_checkpointing"], "instances": layout["nodes"],
+                   "processes_per_instance": layout["processes_per_node"], "from": layout["keys"],
+                   "source": "what-if" if what_if else "training config", "what_if": what_if},
         "hardware": rows,
         "warnings": warnings,
         "assumptions": [
@@ -331,10 +354,16 @@ def summary_rows(plan: dict) -> list[tuple[str, str]]:
                      f"({s['warmup_fraction']:.1%})"),
         ("compute", f"{f['total']:.3g} FLOPs = {s['tokens']:,} tokens x {f['per_token']:,} FLOPs/token "
                     f"(6 N_matmul + attention {f['attention_share']:.1%})"),
-        ("layout", f"tp {lay['tp']} x pp {lay['pp']} x dp; ZeRO {lay['zero']}; activation checkpointing "
-                   f"{'on' if lay['activation_checkpointing'] else 'off'}; micro batch {s['micro_batch_size']}; "
-                   f"{lay['instances']} instance(s) per option"),
+        ("layout", f"{lay['source']} ({lay['backend']}): tp {lay['tp']} x pp {lay['pp']} x dp; ZeRO {lay['zero']}; "
+                   f"activation checkpointing {_checkpointing(lay['activation_checkpointing'])}; micro batch "
+                   f"{s['micro_batch_size']}; {lay['instances']} instance(s) x "
+                   f"{lay['processes_per_instance'] or 'every device'} process(es)"
+                   + "".join(f"; WHAT-IF plan.{k} {v['plan']} (trained: {v['trained']})" for k, v in lay["what_if"].items())),
     ]
+
+
+def _checkpointing(value) -> str:
+    return {True: "on", False: "off"}.get(value, str(value))
 
 
 HARDWARE_HEADER = ("hardware", "devices", "dp x accum", "MFU", "wall time", "$/hour", "cost", "memory/device", "fits")

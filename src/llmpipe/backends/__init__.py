@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import re
+from pathlib import Path
 
 
 def available() -> list[str]:
@@ -15,3 +17,9 @@ def get(name: str):
     if name not in available():
         raise ValueError(f"unknown train.backend {name!r}; available: {', '.join(available())}")
     return importlib.import_module(f"{__name__}.{name}")
+
+
+def rules_by_backend(rules_dir: str | Path) -> dict[str, list[str]]:
+    """The rules each backend's rules/train_<name>.smk defines."""
+    return {f.stem.removeprefix("train_"): re.findall(r"^rule (\w+):", f.read_text(), re.M)
+            for f in sorted(Path(rules_dir).glob("train_*.smk"))}

@@ -192,7 +192,8 @@ def command(cfg: dict, args: list[str], alloc: launch.Allocation | None, phase: 
     """The launch (llmpipe.launch.plan) of `args`; precompile wraps each node's command."""
     t, n = cfg["train"], cfg["neuron"]
     python = python or n["python"]
-    cmd = launch.plan(args, n["cores_per_node"], t["nnodes"], t["launcher"], alloc, n["master_port"], python)
+    cmd = launch.plan(args, n["cores_per_node"], t["nnodes"], t["launcher"], alloc, n["master_port"], python,
+                      auto_resume=t["slurm_auto_resume"] and phase == "train")
     if phase == "precompile":
         at = cmd.index(python)  # srun [options] PYTHON -m llmpipe launch --node-task ...  |  PYTHON -m torch.distributed.run ...
         cmd = cmd[:at] + [COMPILE_WRAPPER] + cmd[at:]

@@ -1,0 +1,160 @@
+"""Which Snakemake profile is active, and the config it stands for (one place for the Snakefile and the CLI).
+
+A profile folder holds Snakemake's `config.v8+.yaml` (executor, resources) and, for a hardware profile,
+`llmpipe.yaml`: the pipeline settings that make it that hardware's path (a `preset`, the backend,
+hardware keys). The config is built in layers, later wins:
+
+  config/config.yaml  <  config/presets/<preset>.yaml  <  profile's llmpipe.yaml  <  user --configfile / --config
+
+The profile's layer is loaded by the Snakefile itself, not through the profile's `configfiles:` (which a
+command-line --configfile replaces), so a user's own config never drops it. A user layer that names
+another backend than the profile's stops the run, naming both.
+
+The profile is found with Snakemake's own argument parser and profile lookup (`--profile NAME|PATH`,
+$SNAKEMAKE_PROFILE), in the main process; the main process exports it as $LLMPIPE_PROFILE, which
+cluster jobs inherit (the Slurm executor submits with --export=ALL) and read instead.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+
+import yaml
+
+from llmpipe.config import ConfigError
+
+PROFILE_ENV = "LLMPIPE_PROFILE"
+OVERLAY = "llmpipe.yaml"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def merge(base: dict, over: dict) -> dict:
+    """Nested update like Snakemake's update_config: mappings merge, anything else replaces."""
+    out = copy.deepcopy(base)
+    for key, value in (over or {}).items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _read_yaml(path: Path, what: str) -> dict:
+    from llmpipe.config import _Loader
+
+    if not path.is_file():
+        raise ConfigError(f"{what} not found: {path}")
+    data = yaml.load(path.read_text(), Loader=_Loader) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{what} {path} must be a mapping, got {type(data).__name__}")
+    return data
+
+
+def snakemake_profiles(argv: list[str]) -> list[Path]:
+    """Profile folders the `snakemake` command line (or $SNAKEMAKE_PROFILE) names, resolved the way
+    Snakemake resolves them (current folder, then ~/.config/snakemake, /etc/xdg/snakemake)."""
+    from snakemake.cli import get_argument_parser, get_profile_dir
+
+    args, _ = get_argument_parser().parse_known_args(argv)
+    found = []
+    for name in args.profile or []:
+        if name == "none":
+            continue
+        entry = get_profile_dir(name)
+        if entry is not None:
+            found.append(Path(entry[0]).resolve())
+    return found
+
+
+def active_profile(argv: list[str] | None = None, environ: dict | None = None) -> Path | None:
+    """The profile folder with an llmpipe.yaml in force: the last such one the command line names, else
+    $LLMPIPE_PROFILE (set for cluster jobs by the main process), else None."""
+    argv = list(argv) if argv is not None else []
+    environ = os.environ if environ is None else environ
+    with_overlay = [p for p in snakemake_profiles(argv) if (p / OVERLAY).is_file()] if argv else []
+    if with_overlay:
+        return with_overlay[-1]
+    named = environ.get(PROFILE_ENV)
+    if named:
+        path = Path(named)
+        if not (path / OVERLAY).is_file():
+            raise ConfigError(f"${PROFILE_ENV} is {named!r}, which has no {OVERLAY}")
+        return path.resolve()
+    return None
+
+
+def snakemake_argv() -> list[str]:
+    """sys.argv when this process is the snakemake command (not a Python API caller)."""
+    import sys
+
+    prog = Path(sys.argv[0]).as_posix() if sys.argv else ""
+    return sys.argv[1:] if prog.endswith(("snakemake", "snakemake/__main__.py")) else []
+
+
+def preset_path(name: str, basedir: Path = REPO) -> Path:
+    """config/presets/<name>.yaml, or a YAML path."""
+    if name.endswith((".yaml", ".yml")) or "/" in name:
+        return Path(name)
+    return basedir / "config" / "presets" / f"{name}.yaml"
+
+
+def _presets(basedir: Path) -> str:
+    return ", ".join(sorted(p.stem for p in (basedir / "config" / "presets").glob("*.yaml")))
+
+
+def load_preset(name: str | None, basedir: Path = REPO) -> dict:
+    if not name:
+        return {}
+    path = preset_path(name, basedir)
+    if not path.is_file():
+        raise ConfigError(f"unknown preset {name!r} ({path} not found); presets: {_presets(basedir)}")
+    data = _read_yaml(path, "preset")
+    if "preset" in data:
+        raise ConfigError(f"preset {path} sets 'preset' itself; presets do not nest")
+    return data
+
+
+def _backend(*layers: dict) -> str | None:
+    found = None
+    for layer in layers:
+        found = (layer.get("train") or {}).get("backend", found)
+    return found
+
+
+def layered(user: dict, profile: Path | None = None, basedir: Path = REPO) -> tuple[dict, list[str]]:
+    """The config before validation: defaults < preset < profile overlay < user; and where each layer came
+    from. Refuses a user layer whose train.backend (directly or through its preset) is not the profile's."""
+    defaults = _read_yaml(basedir / "config" / "config.yaml", "default config")
+    overlay = _read_yaml(profile / OVERLAY, "profile settings") if profile else {}
+    user = user or {}
+    preset_name = user.get("preset") or overlay.get("preset") or defaults.get("preset")
+    preset = load_preset(preset_name, basedir)
+    origins = [str(basedir / "config" / "config.yaml")]
+    if preset_name:
+        origins.append(f"preset {preset_name} ({preset_path(preset_name, basedir)})")
+    if profile:
+        origins.append(f"profile {profile.name} ({profile / OVERLAY})")
+        profile_backend = _backend(defaults, load_preset(overlay.get("preset"), basedir), overlay)
+        user_backend = _backend(load_preset(user.get("preset"), basedir), user)
+        if user_backend is not None and user_backend != profile_backend:
+            direct = (user.get("train") or {}).get("backend") is not None
+            via, key = ("", "train.backend") if direct else (f" (through preset {user['preset']!r})", "preset")
+            raise ConfigError(
+                f"profile {profile.name!r} trains with train.backend {profile_backend!r} ({profile / OVERLAY}), "
+                f"but your --configfile / --config sets train.backend {user_backend!r}{via}. Drop {key} to "
+                f"train on this profile's hardware, or choose the profile for {user_backend!r} "
+                "(README: Run on your hardware)")
+    if user:
+        origins.append("your --configfile / --config")
+    cfg = merge(merge(merge(defaults, preset), overlay), user)
+    cfg["preset"] = preset_name
+    return cfg, origins
+
+
+def profile_backend(profile: Path | None, basedir: Path = REPO) -> str | None:
+    if profile is None:
+        return None
+    overlay = _read_yaml(profile / OVERLAY, "profile settings")
+    return _backend(load_preset(overlay.get("preset"), basedir), overlay)
