@@ -25,6 +25,7 @@ include: "rules/hub.smk"
 
 check_profile_resources()
 apply_config_resources()
+write_dag_info()  # only for `llmpipe dag` (LLMPIPE_DAG_INFO)
 
 
 rule all:

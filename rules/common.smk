@@ -163,3 +163,12 @@ def apply_config_resources():
             values.update(res.get("train", {}))
         if values:
             r.resources.update(values)
+
+
+def write_dag_info():
+    """For `llmpipe dag`: the resolved config and the rules that run on the submitting host."""
+    target = os.environ.get("LLMPIPE_DAG_INFO")
+    if target and not workflow.remote_exec:
+        info = {"config": config, "backend": BACKEND, "profile": str(PROFILE) if PROFILE else None,
+                "local_rules": sorted(r.name for r in workflow.rules if r.name in workflow._localrules or r.norun)}
+        Path(target).write_text(json.dumps(info, default=str))

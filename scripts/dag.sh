@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Draw the workflow without running it: dag.svg (every job) and rulegraph.svg (one node per rule)
-# with Graphviz's dot (apt-get install graphviz), plus mermaid versions (dag.mmd, rulegraph.mmd)
-# that GitHub and mermaid.live render without Graphviz.
-#   scripts/dag.sh [OUT_DIR] [extra snakemake args, e.g. --profile profiles/slurm-local --configfile my.yaml]
+# Draw the workflow without running it: the planning picture (llmpipe dag: one box per rule with what
+# it asks the cluster for, the training rule with the plan's wall time and cost; planning-dag.svg/.png,
+# drawn with matplotlib where Graphviz is missing), dag.svg (every job) and rulegraph.svg with
+# Graphviz's dot (apt-get install graphviz), plus mermaid versions (dag.mmd, rulegraph.mmd).
+#   scripts/dag.sh [OUT_DIR] [extra snakemake args, e.g. --profile slurm-trn1 --configfile my.yaml]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-.}
 shift || true
 mkdir -p "$out"
+python -m llmpipe dag --out "$out" -- "$@"
 snakemake --dag mermaid-js "$@" > "$out/dag.mmd"
 snakemake --rulegraph mermaid-js "$@" > "$out/rulegraph.mmd"
 if command -v dot > /dev/null; then

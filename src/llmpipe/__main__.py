@@ -23,6 +23,7 @@ COMMANDS = {
     "evaluate": "llmpipe.evaluate",
     "check-config": "llmpipe.check_config",
     "plan": "llmpipe.plan",
+    "dag": "llmpipe.dag",
     "report": "llmpipe.report",
     "train-colossal": "llmpipe.backends.colossal.train",
     "download-model": "llmpipe.hub.download",

@@ -179,11 +179,28 @@ def data_from_store(manifest: Path, cfg: dict) -> dict:
             "tokens_per_epoch": rows * seq_len, "val_tokens": totals["val"]["tokens"]}
 
 
+def base_config(cfg: dict) -> Path | None:
+    """config.json of model.init_from: the local folder's, or for a Hub id this run's download (None: not yet)."""
+    from llmpipe.hub import is_hub_ref
+
+    base = cfg["model"]["init_from"]
+    folder = cfgmod.run_dir(cfg) / "checkpoints" / "base" if is_hub_ref(base) else Path(base)
+    return folder / "config.json" if (folder / "config.json").is_file() else None
+
+
 def shape_from_config(cfg: dict, tokenizer_dir: Path | None) -> tuple[Shape, str]:
-    """The model the init rule would build: config sizes, the tokenizer's vocab rounded up to vocab_multiple."""
+    """The model the init rule would build: config sizes, the tokenizer's vocab rounded up to vocab_multiple.
+    With a base model (model.init_from): its config.json, or the config's sizes until it is downloaded."""
     m = cfg["model"]
     if m["init_from"]:
-        return Shape.from_hf(json.loads((Path(m["init_from"]) / "config.json").read_text())), f"{m['init_from']}/config.json"
+        found = base_config(cfg)
+        if found is not None:
+            return Shape.from_hf(json.loads(found.read_text())), str(found)
+        heads = m["num_attention_heads"]
+        vocab = -(-cfg["tokenizer"]["vocab_size"] // m["vocab_multiple"]) * m["vocab_multiple"]
+        return (Shape(vocab, m["hidden_size"], m["intermediate_size"], m["num_hidden_layers"], heads,
+                      m["num_key_value_heads"], m["hidden_size"] // heads, m["tie_word_embeddings"]),
+                f"model sizes and tokenizer.vocab_size from the config ({m['init_from']} not downloaded yet)")
     if cfg["tokenizer"]["source"] != "train" or tokenizer_dir is not None:
         from llmpipe.data.tokenizer import load_backend
 
@@ -205,7 +222,9 @@ def shape_from_config(cfg: dict, tokenizer_dir: Path | None) -> tuple[Shape, str
 
 def schedule(cfg: dict, train_rows: int) -> dict:
     t, p = cfg["train"], cfg["plan"]
-    if train_rows < 1:
+    if train_rows is None and p["epochs"] is not None:
+        raise ValueError("plan.epochs needs the data's size: build the token store first, or set plan.tokens")
+    if train_rows is not None and train_rows < 1:
         raise ValueError(f"the train split has no full row of train.seq_len {t['seq_len']} tokens")
     if p["tokens"] is not None and p["epochs"] is not None:
         raise ValueError("set plan.tokens or plan.epochs, not both")
@@ -220,7 +239,8 @@ def schedule(cfg: dict, train_rows: int) -> dict:
     steps = max(1, steps)
     warmup = round(p["warmup_fraction"] * steps) if p["warmup_fraction"] is not None else t["warmup_steps"]
     out = {"steps": steps, "steps_from": source, "global_batch_size": gb, "micro_batch_size": t["micro_batch_size"],
-           "seq_len": seq, "tokens_per_step": per_step, "tokens": steps * per_step, "epochs": steps * gb / train_rows,
+           "seq_len": seq, "tokens_per_step": per_step, "tokens": steps * per_step,
+           "epochs": steps * gb / train_rows if train_rows else None,
            "warmup_steps": warmup, "warmup_fraction": warmup / steps, "train_max_steps": t["max_steps"], "overlay": None}
     if steps != t["max_steps"] or warmup != t["warmup_steps"]:
         out["overlay"] = {"train": {"max_steps": steps, "warmup_steps": warmup}}
@@ -284,7 +304,7 @@ def make_plan(cfg: dict, shape: Shape, n_params: int, data: dict, hardware: dict
                         "backend trains train.max_steps; apply the plan's overlay (llmpipe plan --overlay FILE)")
     if sched["warmup_steps"] >= sched["steps"]:
         warnings.append(f"warmup ({sched['warmup_steps']} steps) is not shorter than the run ({sched['steps']} steps)")
-    if sched["epochs"] > MANY_EPOCHS:
+    if sched["epochs"] is not None and sched["epochs"] > MANY_EPOCHS:
         warnings.append(f"{sched['epochs']:.3g} epochs: the data is repeated more than {MANY_EPOCHS:g} times")
     for key, v in what_if.items():
         warnings.append(f"what-if: plan.{key} {v['plan']} (training runs {v['trained_key'] or key} = {v['trained']})")
@@ -347,10 +367,12 @@ def summary_rows(plan: dict) -> list[tuple[str, str]]:
         ("model", f"{_num(m['parameters'])} parameters ({m['parameters']:,}): {sh['num_hidden_layers']} layers, hidden "
                   f"{sh['hidden_size']}, heads {sh['num_attention_heads']}/{sh['num_key_value_heads']}, ffn "
                   f"{sh['intermediate_size']}, vocab {sh['vocab_size']:,}"),
-        ("data", f"{d['tokens_per_epoch']:,} train tokens per epoch = {d['train_rows']:,} rows x {s['seq_len']} "
+        ("data", f"unknown: {d['source']}" if d["train_rows"] is None else
+                 f"{d['tokens_per_epoch']:,} train tokens per epoch = {d['train_rows']:,} rows x {s['seq_len']} "
                  f"({d['source']})" + (f"; val {d['val_tokens']:,} tokens" if d.get("val_tokens") is not None else "")),
         ("schedule", f"{s['steps']:,} steps ({s['steps_from']}) x {s['global_batch_size']} sequences x {s['seq_len']} = "
-                     f"{s['tokens']:,} tokens = {s['epochs']:.3g} epochs; warmup {s['warmup_steps']:,} steps "
+                     f"{s['tokens']:,} tokens = " + (f"{s['epochs']:.3g}" if s["epochs"] is not None else "?")
+                     + f" epochs; warmup {s['warmup_steps']:,} steps "
                      f"({s['warmup_fraction']:.1%})"),
         ("compute", f"{f['total']:.3g} FLOPs = {s['tokens']:,} tokens x {f['per_token']:,} FLOPs/token "
                     f"(6 N_matmul + attention {f['attention_share']:.1%})"),
@@ -426,6 +448,9 @@ def tokenizer_folder(cfg: dict) -> Path | None:
     from llmpipe.hub import is_hub_ref, parse_ref
 
     source = cfg["tokenizer"]["source"]
+    if source == "base":  # the base model's own tokenizer: its folder once there
+        found = base_config(cfg) if cfg["model"]["init_from"] else None
+        return found.parent if found is not None else None
     if not is_hub_ref(source):
         return None if source == "train" else Path(source)
     run_tok = cfgmod.run_dir(cfg) / "tokenizer"
@@ -480,8 +505,10 @@ def run_outputs(cfg: dict) -> dict:
 
 
 def build(cfg: dict, view: Path | None = None, store: Path | None = None, model: Path | None = None,
-          estimate: bool = False) -> dict:
-    """The plan from the best inputs available: given paths, else this run's matching outputs, else estimates."""
+          estimate: bool = False, allow_unknown_data: bool = False) -> dict:
+    """The plan from the best inputs available: given paths, else this run's matching outputs, else estimates.
+    allow_unknown_data: without a tokenizer to estimate with (a base model not downloaded yet), plan the
+    steps of train.max_steps / plan.tokens with the data's size unknown instead of failing."""
     hardware = load_hardware(cfg["plan"])  # first: a typo there should not wait for an estimate
     explicit = view is not None and model is not None
     found = {"tokenizer": None} if explicit else run_outputs(cfg)
@@ -492,6 +519,9 @@ def build(cfg: dict, view: Path | None = None, store: Path | None = None, model:
         data = data_from_view(Path(view), cfg["train"]["seq_len"])
     elif store is not None:
         data = data_from_store(Path(store), cfg)
+    elif allow_unknown_data and cfg["tokenizer"]["source"] != "train" and (tok_dir is None or not Path(tok_dir).is_dir()):
+        data = {"source": f"tokenizer {cfg['tokenizer']['source']} not available yet; steps from the config",
+                "train_rows": None, "tokens_per_epoch": None, "val_tokens": None}
     else:
         from llmpipe.plan_tokens import estimate as estimate_tokens
 
