@@ -12,7 +12,7 @@ rule plan:
         json=f"{RUN}/plan.json",
         md=f"{RUN}/plan.md",
     params:
-        cfg=cfg_json("run", "train", "plan"),
+        cfg=cfg_json("run", "train", "plan", *[BACKEND] if BACKEND in config else []),  # its layout: llmpipe/parallelism.py
     priority: 10
     log:
         f"{RUN}/logs/plan.log",

@@ -526,12 +526,12 @@ def test_snakemake_profile_runs_against_moto(aws, tmp_path):
                       "save_interval": 3, "eval_interval": 3},
             "sagemaker": {"s3_prefix": f"s3://{BUCKET}/llmpipe", "poll_seconds": 0.01, "wait_timeout_seconds": 60}}
     (work / "sm.yaml").write_text(yaml.safe_dump(over))
-    files = ["config/config.yaml", "config/sagemaker.yaml", "sm.yaml"]
+    files = ["config/config.yaml", "profiles/sagemaker/llmpipe.yaml", "sm.yaml"]  # the profile loads its own llmpipe.yaml
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(GUARD_DIR), str(work / "src")])}
 
     def snakemake(*args):
         return subprocess.run([sys.executable, "-m", "snakemake", "--profile", "profiles/sagemaker", *args,
-                               "--configfile", *files], cwd=work, env=env, capture_output=True, text=True, timeout=600)
+                               "--configfile", files[0], files[2]], cwd=work, env=env, capture_output=True, text=True, timeout=600)
 
     run = work / "results" / "default"
     proc = snakemake("results/default/sagemaker/inputs.json", "results/default/checkpoints/init")

@@ -274,26 +274,29 @@ def test_trn1_profile_resources_per_rule_and_config_overrides(tmp_path):
                      timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     jobs = dry_run_jobs(proc.stdout)
-    (train,) = [r for rule, r, _ in jobs if rule == "train_torch"]
-    assert {k: train[k] for k in ("nodes", "tasks", "cpus_per_task", "mem_mb", "runtime", "slurm_extra")} == {
-        "nodes": "1", "tasks": "1", "cpus_per_task": "128", "mem_mb": "480000", "runtime": "4320",
-        "slurm_extra": "--exclusive"}
+    assert "train_torch" not in {rule for rule, _, _ in jobs}  # the profile trains neuron by itself
+    nodes = yaml.safe_load((REPO / "config/presets/llama-2-7b-trn1.yaml").read_text())["train"]["nnodes"]
+    for name in ("train_neuron", "neuron_precompile"):
+        (train,) = [r for rule, r, _ in jobs if rule == name]
+        assert {k: train[k] for k in ("nodes", "tasks", "cpus_per_task", "mem_mb", "slurm_extra")} == {
+            "nodes": str(nodes), "tasks": str(nodes), "cpus_per_task": "128", "mem_mb": "480000",
+            "slurm_extra": "--exclusive"}
     tokenize = [(r, t) for rule, r, t in jobs if rule == "tokenize"]
     assert len(tokenize) == 2 and all(t == 4 and r["mem_mb"] == "16000" and r["runtime"] == "240" for r, t in tokenize)
 
     over = tmp_path / "o.yaml"
-    over.write_text(yaml.safe_dump({"train": {"nnodes": 4, "nproc": 32, "global_batch_size": 256, "micro_batch_size": 2},
+    over.write_text(yaml.safe_dump({"train": {"nnodes": 8, "global_batch_size": 32},
                                     "resources": {"default": {"slurm_partition": "trn1"}, "train": {"runtime": 600},
                                                   "tokenize": {"mem_mb": 4000}}}))
     proc = snakemake(REPO, "-n", "-p", "--cores", "1024", "--config", f"results_dir={tmp_path}", "--configfile",
                      str(over), profile="slurm-trn1", timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     jobs = dry_run_jobs(proc.stdout)
-    (train,) = [r for rule, r, _ in jobs if rule == "train_torch"]
+    (train,) = [r for rule, r, _ in jobs if rule == "train_neuron"]
     assert (train["nodes"], train["tasks"], train["runtime"], train["cpus_per_task"], train["slurm_partition"]) == (
-        "4", "4", "600", "128", "trn1")
+        "8", "8", "600", "128", "trn1")
     assert all(r["mem_mb"] == "4000" and r["slurm_partition"] == "trn1" for rule, r, _ in jobs if rule == "tokenize")
-    assert "launch --nproc-per-node 32 --nnodes 4 --launcher auto -- -m llmpipe train" in proc.stdout
+    assert '"nnodes": 8' in proc.stdout[proc.stdout.index("rule train_neuron:"):]
 
 
 def test_gpu_colossal_profile_requests_gpus_per_node(tmp_path):
@@ -301,7 +304,8 @@ def test_gpu_colossal_profile_requests_gpus_per_node(tmp_path):
                      timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     jobs = {rule: r for rule, r, _ in dry_run_jobs(proc.stdout)}
-    train = jobs["train_torch"]
+    assert "train_torch" not in jobs
+    train = jobs["train_colossal"]
     assert {k: train[k] for k in ("gres", "tasks_per_gpu", "cpus_per_task", "mem_mb", "slurm_extra")} == {
         "gres": "gpu:8", "tasks_per_gpu": "0", "cpus_per_task": "96", "mem_mb": "1000000", "slurm_extra": "--exclusive"}
     assert jobs["evaluate"]["gres"] == "gpu:1" and "gres" not in jobs["tokenize"]

@@ -207,3 +207,14 @@ def load(source: str | Path | dict | None) -> dict:
 
 def run_dir(config: dict) -> Path:
     return Path(config["results_dir"]) / config["run"]
+
+
+def base_config_json(config: dict) -> Path | None:
+    """config.json of model.init_from: the local folder's, or for a Hub id this run's download (None: not yet)."""
+    from llmpipe.hub import is_hub_ref
+
+    base = config["model"]["init_from"]
+    if not base:
+        return None
+    folder = run_dir(config) / "checkpoints" / "base" if is_hub_ref(base) else Path(base)
+    return folder / "config.json" if (folder / "config.json").is_file() else None

@@ -146,6 +146,7 @@ def draw(rules: list[str], edges: list[tuple[str, str]], labels: dict[str, list[
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    plt.rcParams["svg.fonttype"] = "none"  # text stays text in the SVG (searchable, selectable)
     depth = layers(rules, edges)
     rows: dict[int, list[str]] = {}
     for r in rules:

@@ -179,21 +179,12 @@ def data_from_store(manifest: Path, cfg: dict) -> dict:
             "tokens_per_epoch": rows * seq_len, "val_tokens": totals["val"]["tokens"]}
 
 
-def base_config(cfg: dict) -> Path | None:
-    """config.json of model.init_from: the local folder's, or for a Hub id this run's download (None: not yet)."""
-    from llmpipe.hub import is_hub_ref
-
-    base = cfg["model"]["init_from"]
-    folder = cfgmod.run_dir(cfg) / "checkpoints" / "base" if is_hub_ref(base) else Path(base)
-    return folder / "config.json" if (folder / "config.json").is_file() else None
-
-
 def shape_from_config(cfg: dict, tokenizer_dir: Path | None) -> tuple[Shape, str]:
     """The model the init rule would build: config sizes, the tokenizer's vocab rounded up to vocab_multiple.
     With a base model (model.init_from): its config.json, or the config's sizes until it is downloaded."""
     m = cfg["model"]
     if m["init_from"]:
-        found = base_config(cfg)
+        found = cfgmod.base_config_json(cfg)
         if found is not None:
             return Shape.from_hf(json.loads(found.read_text())), str(found)
         heads = m["num_attention_heads"]
@@ -449,7 +440,7 @@ def tokenizer_folder(cfg: dict) -> Path | None:
 
     source = cfg["tokenizer"]["source"]
     if source == "base":  # the base model's own tokenizer: its folder once there
-        found = base_config(cfg) if cfg["model"]["init_from"] else None
+        found = cfgmod.base_config_json(cfg) if cfg["model"]["init_from"] else None
         return found.parent if found is not None else None
     if not is_hub_ref(source):
         return None if source == "train" else Path(source)

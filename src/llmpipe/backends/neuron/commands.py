@@ -35,7 +35,7 @@ from pathlib import Path
 
 from llmpipe import config as cfgmod
 from llmpipe import launch
-from llmpipe.backends.neuron.layout import Dims, Layout
+from llmpipe.backends.neuron.layout import Dims, Layout, LayoutError
 from llmpipe.io import write_json
 
 log = logging.getLogger(__name__)
@@ -85,12 +85,12 @@ def batch_plan(cfg: dict) -> dict:
 
 
 def model_dims(cfg: dict) -> Dims | None:
-    """The model's shapes before any job: model.init_from's config.json, else the model section
-    (vocab unknown until the tokenizer exists: neuron-shard checks it)."""
-    base = cfg["model"]["init_from"]
-    if base:
-        path = Path(base) / "config.json"
-        return Dims.from_hf_config(json.loads(path.read_text())) if path.is_file() else None
+    """The model's shapes before any job: model.init_from's config.json (a Hub base once downloaded),
+    else the model section (the presets carry their base's shape; vocab unknown until the tokenizer
+    exists: neuron-shard checks it with the real config)."""
+    found = cfgmod.base_config_json(cfg)
+    if found is not None:
+        return Dims.from_hf_config(json.loads(found.read_text()))
     m = cfg["model"]
     return Dims(layers=m["num_hidden_layers"], hidden=m["hidden_size"], heads=m["num_attention_heads"],
                 kv_heads=m["num_key_value_heads"], intermediate=m["intermediate_size"],
@@ -101,7 +101,12 @@ def check_config(cfg: dict) -> None:
     """Layout against the model and the batch arithmetic: every problem before any job runs."""
     d = model_dims(cfg)
     if d is not None:
-        Layout.from_config(cfg["neuron"]).check(d)
+        try:
+            Layout.from_config(cfg["neuron"]).check(d)
+        except LayoutError as exc:
+            if cfg["model"]["init_from"] and cfgmod.base_config_json(cfg) is None:
+                raise LayoutError(f"{exc} (model.* sizes: {cfg['model']['init_from']} is not downloaded yet)") from None
+            raise
     batch_plan(cfg)
 
 

@@ -1,0 +1,259 @@
+"""The profiles are the front door: `snakemake --profile NAME` from the project root picks that hardware's
+training path by itself, a user's own config keeps it (or a conflicting backend stops the run naming
+both), the plan prices the layout training runs, and `llmpipe dag` draws the planning picture."""
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from llmpipe import config as cfgmod
+from llmpipe import dag, parallelism, profiles
+from llmpipe.plan import build
+from tests.conftest import REPO, REPO_IGNORE
+from tests.test_dry_run import NO_NETWORK, OFFLINE_ENV
+
+# profile -> rules its default run must plan (beside the shared data / export / evaluate rules)
+EXPECTED = {
+    "local": {"train_torch"},
+    "slurm-trn1": {"download_model", "neuron_shard", "neuron_precompile", "train_neuron", "neuron_merge"},
+    "gpu-colossal": {"train_colossal"},
+    "tpu": {"levanter_cache", "levanter_config", "train_levanter"},
+    "sagemaker": {"sagemaker_upload", "train_sagemaker"},
+}
+TRAIN_LR = 1.0e-3  # a user config that changes only train.lr (above every preset's min_lr)
+
+
+def rules_in(stdout: str) -> set[str]:
+    return set(re.findall(r"^(?:local)?rule (\w+):", stdout, re.M))
+
+
+def shell_config(stdout: str, rule: str) -> dict:
+    """The --config JSON of a rule's shell command in a `snakemake -n -p` listing."""
+    block = stdout[stdout.index(f"rule {rule}:"):]
+    return json.loads(re.search(r"--config '(\{.*?\})'", block).group(1))
+
+
+@pytest.fixture(scope="module")
+def fresh_clone(tmp_path_factory):
+    """The tree as a clone has it: the top-level profile names are symlinks (checked in git's index)."""
+    work = tmp_path_factory.mktemp("clone") / "repo"
+    shutil.copytree(REPO, work, ignore=REPO_IGNORE, symlinks=True)
+    (work / "lr.yaml").write_text(yaml.safe_dump({"train": {"lr": TRAIN_LR}}))
+    return work
+
+
+@pytest.fixture(scope="module")
+def bare_dry_runs(fresh_clone):
+    """`snakemake -n -p --profile NAME` (bare names, offline), with and without a user --configfile, all at once."""
+    procs = {}
+    for name in EXPECTED:
+        for user in ((), ("--configfile", "lr.yaml")):
+            procs[name, bool(user)] = subprocess.Popen(
+                [*NO_NETWORK, sys.executable, "-m", "snakemake", "-n", "-p", "--profile", name, *user],
+                cwd=fresh_clone, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=OFFLINE_ENV)
+    return {key: (p, *p.communicate(timeout=600)) for key, p in procs.items()}
+
+
+def test_bare_names_are_symlinks_a_clone_keeps():
+    staged = subprocess.run(["git", "ls-files", "--stage", *EXPECTED, "slurm-local"], cwd=REPO, capture_output=True,
+                            text=True).stdout.splitlines()
+    modes = {line.split()[-1]: line.split()[0] for line in staged}
+    if not modes:
+        pytest.skip("not a git checkout")
+    assert modes == {n: "120000" for n in [*EXPECTED, "slurm-local"]}
+    for name in EXPECTED:
+        assert (REPO / name).resolve() == (REPO / "profiles" / name).resolve()
+
+
+@pytest.mark.parametrize("user", [False, True], ids=["profile only", "with a user --configfile"])
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_bare_profile_plans_its_hardware_path(bare_dry_runs, name, user):
+    proc, out, err = bare_dry_runs[name, user]
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    planned = rules_in(out)
+    assert EXPECTED[name] <= planned, EXPECTED[name] - planned
+    trainers = {r for r in planned if r.startswith("train_")}
+    assert trainers == {r for r in EXPECTED[name] if r.startswith("train_")}  # one trainer, and no stray train_torch
+    folder = REPO / "profiles" / name
+    default = cfgmod.validate(profiles.layered({}, folder if (folder / "llmpipe.yaml").is_file() else None)[0])
+    assert shell_config(out, "plan")["train"]["lr"] == (TRAIN_LR if user else default["train"]["lr"])
+    assert shell_config(out, "plan")["train"]["backend"] == default["train"]["backend"]
+
+
+def test_trn1_default_continues_from_the_base_with_its_tokenizer_at_4096(bare_dry_runs):
+    _, out, _ = bare_dry_runs["slurm-trn1", False]
+    preset = yaml.safe_load((REPO / "config/presets/llama-2-7b-trn1.yaml").read_text())
+    base = shell_config(out, "download_model")["model"]["init_from"]
+    assert base == preset["model"]["init_from"] and re.fullmatch(r"meta-llama/Llama-2-7b-hf@[0-9a-f]{40}", base)
+    tok = out[out.index("rule tokenizer:"):].split("\n\n")[0]
+    assert re.search(r"input: \S+/checkpoints/base", tok)  # the base model's own tokenizer, not a BPE trained here
+    assert shell_config(out, "pack_view")["train"]["seq_len"] == 4096
+    init = shell_config(out, "init_model")["model"]["init_from"]
+    assert init.endswith("/checkpoints/base")
+
+
+def test_the_70b_preset_is_one_flag(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-p", "--profile", "slurm-trn1", "--config",
+                           "preset=llama-3-70b-trn1", f"results_dir={tmp_path}"], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert shell_config(proc.stdout, "pack_view")["train"]["seq_len"] == 8192
+    neuron = shell_config(proc.stdout, "train_neuron")
+    preset = yaml.safe_load((REPO / "config/presets/llama-3-70b-trn1.yaml").read_text())
+    assert {k: neuron["neuron"][k] for k in ("tp", "pp")} == {k: preset["neuron"][k] for k in ("tp", "pp")}
+    assert neuron["model"]["init_from"] == preset["model"]["init_from"]
+
+
+@pytest.mark.parametrize("profile, user, named", [
+    ("slurm-trn1", ["--configfile", "torch.yaml"], ("'neuron'", "'torch'", "train.backend")),
+    ("tpu", ["--configfile", "torch.yaml"], ("'levanter'", "'torch'", "train.backend")),
+    ("slurm-trn1", ["--config", "preset=llama-2-7b-colossal"], ("'neuron'", "'colossal'", "preset")),
+])
+def test_a_conflicting_backend_stops_before_any_job_naming_both(tmp_path, profile, user, named):
+    work = tmp_path / "repo"
+    shutil.copytree(REPO, work, ignore=REPO_IGNORE, symlinks=True)
+    (work / "torch.yaml").write_text("train: {backend: torch}\n")
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "--profile", profile, *user], cwd=work,
+                          capture_output=True, text=True, timeout=300)  # a real run, not -n
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert f"profile '{profile}'" in text and all(n in text for n in named), text[-2000:]
+    assert not (work / "results").exists()  # nothing ran
+    # llmpipe check-config refuses the same layers with the same words
+    args = ["--profile", profile] + (["torch.yaml"] if "torch.yaml" in user else [])
+    if "preset=llama-2-7b-colossal" in user:
+        (work / "p.yaml").write_text("preset: llama-2-7b-colossal\n")
+        args.append("p.yaml")
+    check = subprocess.run([sys.executable, "-m", "llmpipe", "check-config", *args], cwd=work, capture_output=True,
+                           text=True, timeout=120)
+    assert check.returncode != 0 and all(n in check.stderr for n in named), check.stderr
+
+
+def test_a_profile_sized_for_another_trainer_is_an_error(tmp_path):
+    """Resources for train_neuron in a profile while the config trains torch: refused, naming both."""
+    prof = tmp_path / "trn-nobackend"
+    prof.mkdir()
+    (prof / "config.v8+.yaml").write_text("executor: local\ncores: 1\nset-resources:\n  train_neuron: {mem_mb: 1000}\n")
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--profile", str(prof), "--config",
+                           f"results_dir={tmp_path}/r"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    text = proc.stdout + proc.stderr
+    assert "gives resources to train_neuron (train.backend neuron)" in text and "train.backend 'torch'" in text
+
+
+def test_active_profile_resolution(tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    trn = (REPO / "profiles" / "slurm-trn1").resolve()
+    assert profiles.active_profile(["-n", "--profile", "slurm-trn1"], {}) == trn
+    assert profiles.active_profile(["--profile=profiles/slurm-trn1"], {}) == trn
+    assert profiles.active_profile(["--profile", "local"], {}) is None  # no llmpipe.yaml: the config decides
+    # cluster jobs: no --profile on their command line, the main process's $LLMPIPE_PROFILE
+    assert profiles.active_profile(["--target-jobs", "train_neuron:"], {profiles.PROFILE_ENV: str(trn)}) == trn
+    with pytest.raises(cfgmod.ConfigError, match="has no llmpipe.yaml"):
+        profiles.active_profile([], {profiles.PROFILE_ENV: str(tmp_path)})
+
+
+def layered_config(profile: str, **user) -> dict:
+    return cfgmod.validate(profiles.layered(user, REPO / "profiles" / profile)[0])
+
+
+@pytest.mark.parametrize("profile, preset", [("slurm-trn1", None), ("slurm-trn1", "llama-3-70b-trn1"),
+                                             ("gpu-colossal", None)])
+def test_plan_prices_the_layout_training_runs(profile, preset):
+    cfg = layered_config(profile, **({"preset": preset} if preset else {}))
+    plan = build(cfg, allow_unknown_data=True)
+    lay, t, backend = plan["layout"], cfg["train"], cfg["train"]["backend"]
+    assert lay["source"] == "training config" and lay["what_if"] == {} and lay["backend"] == backend
+    per_node = cfg["neuron"]["cores_per_node"] if backend == "neuron" else t["nproc"]
+    if backend == "neuron":
+        n = cfg["neuron"]
+        assert (lay["tp"], lay["pp"], lay["zero"]) == (n["tp"], n["pp"], int(n["zero1"]))
+    else:
+        assert cfg["colossal"]["plugin"] == "gemini" and (lay["tp"], lay["pp"], lay["zero"]) == (1, 1, 3)
+        assert lay["activation_checkpointing"] == cfg["colossal"]["gradient_checkpointing"]
+    for row in plan["hardware"]:
+        assert row["instances"] == t["nnodes"] and row["devices"] == t["nnodes"] * per_node
+        assert row["dp"] == row["devices"] // (lay["tp"] * lay["pp"])
+    # more nodes in the training config: the plan follows, no separate knob to forget
+    bigger = layered_config(profile, **({"preset": preset} if preset else {}), train={"nnodes": 2 * t["nnodes"],
+                            "global_batch_size": 2 * t["global_batch_size"]})
+    assert build(bigger, allow_unknown_data=True)["hardware"][0]["devices"] == 2 * t["nnodes"] * per_node
+
+
+def test_plan_rule_gets_the_backend_layout(tmp_path):
+    """The plan rule's own --config carries the backend section, so the plan job prices the trained layout."""
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-p", "--profile", "slurm-trn1", "--config",
+                           "preset=llama-3-70b-trn1", f"results_dir={tmp_path}"], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    cfg = cfgmod.validate(shell_config(proc.stdout, "plan"))
+    assert parallelism.trained(cfg)["tp"] == 32 == layered_config("slurm-trn1", preset="llama-3-70b-trn1")["neuron"]["tp"]
+
+
+def test_what_if_overrides_are_labelled():
+    cfg = layered_config("slurm-trn1", plan={"tp": 16})
+    plan = build(cfg, allow_unknown_data=True)
+    assert plan["layout"]["source"] == "what-if" and plan["layout"]["tp"] == 16
+    assert plan["layout"]["what_if"]["tp"] == {"plan": 16, "trained": cfg["neuron"]["tp"], "trained_key": "neuron.tp"}
+    assert any(w.startswith("what-if: plan.tp 16 (training runs neuron.tp = 8)") for w in plan["warnings"])
+
+
+@pytest.fixture(scope="module")
+def trn1_dag(tmp_path_factory):
+    out = tmp_path_factory.mktemp("dag")
+    result = dag.planning_dag("slurm-trn1", ["--config", f"results_dir={out}/results"], out / "mpl", use_dot=False)
+    return out, result
+
+
+def test_planning_dag_without_graphviz_is_a_picture(trn1_dag):
+    out, result = trn1_dag
+    assert result["drawn_with"] == "matplotlib"
+    png = (out / "mpl" / "planning-dag.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
+    svg = (out / "mpl" / "planning-dag.svg").read_text()
+    for text in ("train_neuron", "neuron_precompile", "NeuronCores/node", "download_model"):
+        assert text in svg, text
+
+
+def test_planning_dag_labels_say_what_each_rule_asks_for(trn1_dag):
+    _, result = trn1_dag
+    cfg = layered_config("slurm-trn1")
+    prof = yaml.safe_load((REPO / "profiles/slurm-trn1/config.v8+.yaml").read_text())
+    train = result["labels"]["train_neuron"]
+    nodes, res = cfg["train"]["nnodes"], prof["set-resources"]["train_neuron"]
+    assert train[0] == f"1 job(s) x {nodes} nodes"
+    assert train[1] == (f"{cfg['neuron']['cores_per_node']} NeuronCores/node, {res['cpus_per_task']} CPUs, "
+                        f"{res['mem_mb'] / 1000:g} GB, {res['runtime'] / 60:g} h, exclusive")
+    plan = result["plan"]
+    assert train[2] == f"plan: {cfg['train']['max_steps']:,} steps x {cfg['train']['global_batch_size'] * 4096:,} tokens"
+    assert train[3].startswith(f"trn1.32xlarge x {nodes}: ") and f"${plan['hardware'][0]['cost_usd']:,.0f}" in train[3]
+    assert result["labels"]["download_model"] == ["1 job(s) on the submit host"]
+    assert result["labels"]["tokenize"][0] == f"{cfg['data']['num_shards']} job(s)"
+    assert ("download_model", "tokenizer") in result["edges"] and ("train_neuron", "neuron_merge") in result["edges"]
+
+
+def test_planning_dag_with_graphviz(trn1_dag, tmp_path):
+    if not shutil.which("dot"):
+        pytest.skip("Graphviz's dot is not installed (the matplotlib picture is tested above)")
+    _, result = trn1_dag
+    drawn = dag.render(result["rules"], result["edges"], result["labels"], tmp_path / "planning-dag")
+    assert drawn == "graphviz"
+    svg = (tmp_path / "planning-dag.svg").read_text()
+    assert "<svg" in svg and "train_neuron" in svg and "NeuronCores/node" in svg
+    assert (tmp_path / "planning-dag.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_dag_cli_writes_the_picture(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "llmpipe", "dag", "--profile", "gpu-colossal", "--out", str(tmp_path),
+                           "--", "--config", f"results_dir={tmp_path}/r"], cwd=REPO, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    md = (tmp_path / "planning-dag.md").read_text()
+    assert "train_colossal" in md and "8 GPUs/node" in md and "p5.48xlarge x 1:" in md
+    assert Path(tmp_path / "planning-dag.svg").stat().st_size > 1000
