@@ -11,6 +11,7 @@ import torch
 from llmpipe import config as cfgmod
 from llmpipe.data.tokenizer import load_tokenizer
 from llmpipe.io import atomic_path
+from llmpipe.model.hf_compat import add_legacy_rope
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +28,7 @@ def export(trained: str | Path, tokenizer_dir: str | Path, out_dir: str | Path, 
         raise ValueError(f"{trained}: fewer embedding rows than tokenizer entries ({len(tok)})")
     with atomic_path(out_dir) as tmp:
         model.save_pretrained(str(tmp), safe_serialization=True)
+        add_legacy_rope(tmp)  # transformers 4.x readers get the same RoPE
         tok.save_pretrained(str(tmp))
     log.info("exported %s -> %s (%s, %d parameters)", trained, out_dir, dtype, model.num_parameters())
 

@@ -11,6 +11,7 @@ import torch
 from llmpipe import config as cfgmod
 from llmpipe.data.tokenizer import load_tokenizer
 from llmpipe.io import atomic_path
+from llmpipe.model.hf_compat import add_legacy_rope
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +105,7 @@ def init_model(cfg: dict, tokenizer_dir: str | Path, out_dir: str | Path) -> Non
         log.info("new Llama: %d parameters, vocab %d", model.num_parameters(), model.config.vocab_size)
     with atomic_path(out_dir) as tmp:
         model.save_pretrained(str(tmp))
+        add_legacy_rope(tmp)  # what NxD's transformers 4.48 reads (llmpipe/model/hf_compat.py)
         tok.save_pretrained(str(tmp))
 
 

@@ -48,6 +48,7 @@ import yaml
 
 from llmpipe import config as cfgmod
 from llmpipe.io import atomic_path
+from llmpipe.model.hf_compat import with_legacy_rope
 
 log = logging.getLogger(__name__)
 
@@ -73,13 +74,10 @@ def merge(base: dict, over: dict) -> dict:
 
 def reference_folder(init: str | Path, tokenizer: str | Path, out: Path) -> None:
     """A local reference checkpoint Levanter's transformers (4.x) reads: the init config.json (+ rope_theta,
-    the 4.x name), the tokenizer with a tokenizer class 4.x knows, and links to the init weights."""
+    rope_scaling: the 4.x names), the tokenizer with a tokenizer class 4.x knows, and links to the init weights."""
     init, tokenizer = Path(init).resolve(), Path(tokenizer).resolve()
     out.mkdir(parents=True)
-    conf = json.loads((init / "config.json").read_text())
-    rope = conf.get("rope_parameters") or {}
-    if "rope_theta" in rope:
-        conf.setdefault("rope_theta", rope["rope_theta"])
+    conf = with_legacy_rope(json.loads((init / "config.json").read_text()))
     (out / "config.json").write_text(json.dumps(conf, indent=2))
     for f in tokenizer.iterdir():
         if f.is_file():

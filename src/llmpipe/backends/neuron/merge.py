@@ -267,10 +267,13 @@ def merge(ckpt_dir: str | Path, out_dir: str | Path, tokenizer: str | Path | Non
             (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
         from transformers import LlamaConfig
 
+        from llmpipe.model.hf_compat import add_legacy_rope
+
         config = LlamaConfig.from_dict(cfg)
         config.dtype = torch_dtype
         config.architectures = ["LlamaForCausalLM"]
         config.save_pretrained(str(tmp))
+        add_legacy_rope(tmp)
         if tokenizer:
             from llmpipe.data.tokenizer import load_tokenizer
 

@@ -1,0 +1,125 @@
+"""The config.json NxD's trainer loads (checkpoints/init, --training_config / --model_path) read by the
+transformers NxD's Llama examples pin (4.48.0, installed from PyPI in .venvs/nxd-hf by
+scripts/setup-env-nxd-hf.sh) gives exactly the base model's RoPE base and scaling, tied embeddings,
+vocabulary and heads. The bases are NxD's own example shapes (tests/fixtures/nxd_configs), shrunk in
+width and depth only so the real init-model can load and re-save them here."""
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from llmpipe.model.hf_compat import with_legacy_rope
+from tests.conftest import GPT2, REPO
+
+NXD_PY = REPO / ".venvs" / "nxd-hf" / "bin" / "python"
+FIXTURES = REPO / "tests" / "fixtures" / "nxd_configs"
+MEANT = ("rope_theta", "rope_scaling", "tie_word_embeddings", "vocab_size", "num_attention_heads",
+         "num_key_value_heads", "hidden_size", "num_hidden_layers", "max_position_embeddings")
+READ = """
+import json, sys
+from transformers import LlamaConfig, __version__
+c = LlamaConfig.from_pretrained(sys.argv[1])
+out = {k: getattr(c, k) for k in %r}
+out["version"] = __version__
+print(json.dumps(out))
+""" % (MEANT,)
+
+
+def read_as_nxd(folder: Path) -> dict:
+    if not NXD_PY.exists():
+        if os.environ.get("CI"):
+            pytest.fail(f"{NXD_PY} is missing: CI must build it with scripts/setup-env-nxd-hf.sh")
+        pytest.skip(f"no transformers 4.48 side env: run scripts/setup-env-nxd-hf.sh to build {NXD_PY}")
+    proc = subprocess.run([str(NXD_PY), "-c", READ, str(folder)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.splitlines()[-1])
+    assert got.pop("version") == "4.48.0"
+    return got
+
+
+def meant(conf: dict) -> dict:
+    """What 4.48 should read: the base's own values (rope_scaling compared on its scaling fields)."""
+    out = {k: conf.get(k) for k in MEANT}
+    out["rope_theta"] = float(conf.get("rope_theta", 10000.0))
+    return out
+
+
+def normalise(got: dict) -> dict:
+    scaling = got["rope_scaling"]
+    if scaling:
+        scaling = {k: v for k, v in scaling.items() if k != "type"}  # 4.48 keeps both spellings
+    return {**got, "rope_scaling": scaling}
+
+
+def small_base(tmp_path: Path, name: str) -> tuple[Path, dict]:
+    """NxD's example config with hidden / intermediate / layers shrunk (heads, vocab, RoPE, tying kept),
+    saved by our transformers (5.x) as a real base model folder."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    conf = json.loads((FIXTURES / f"{name}.json").read_text())
+    heads = conf["num_attention_heads"]
+    small = {**conf, "hidden_size": 2 * heads, "intermediate_size": 32, "num_hidden_layers": 1}
+    small = {k: v for k, v in small.items() if k not in ("sequence_parallel_enabled", "selective_checkpoint_enabled")}
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig.from_dict(copy.deepcopy(small)))  # 5.x edits rope_scaling in place
+    base = tmp_path / f"base-{name}"
+    model.save_pretrained(base)
+    return base, small
+
+
+@pytest.mark.parametrize("name", ["7B_config_llama2", "70B_config_llama3", "70B_config_llama3.1"])
+def test_init_checkpoint_reads_in_nxd_transformers_as_meant(tmp_path, name, prepared):
+    base, small = small_base(tmp_path, name)
+    assert "rope_theta" not in json.loads((base / "config.json").read_text())  # 5.x writes rope_parameters only
+    out = tmp_path / "init"
+    # a tokenizer that fits the base's rows: GPT-2's 50,257 under Llama-3's 128,256, a small BPE under Llama-2's
+    tok = GPT2 if small["vocab_size"] >= 50257 else prepared["tokenizer"]
+    cfg = {"model": {"init_from": str(base)}, "train": {"seq_len": 256}}
+    proc = subprocess.run([sys.executable, "-m", "llmpipe", "init-model", "--config", json.dumps(cfg), "--tokenizer",
+                           str(tok), "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert normalise(read_as_nxd(out)) == meant(small)
+
+
+def test_without_the_legacy_keys_nxd_would_read_the_wrong_rope(tmp_path):
+    """The failure this guards against, shown with the real 4.48: 5.x's file alone reads as theta 10000."""
+    base, small = small_base(tmp_path, "70B_config_llama3.1")
+    got = read_as_nxd(base)
+    assert got["rope_theta"] == 10000.0 and got["rope_scaling"] is None
+    assert small["rope_theta"] == 500000.0 and small["rope_scaling"]["rope_type"] == "llama3"
+
+
+def test_new_model_from_preset_sizes_reads_as_meant(tmp_path):
+    """No base: a new Llama of the 70B preset's RoPE base (shrunk sizes), as init-model writes it."""
+    import yaml
+
+    preset = yaml.safe_load((REPO / "config/presets/llama-3-70b-trn1.yaml").read_text())["model"]
+    model = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 1, "num_attention_heads": 8,
+             "num_key_value_heads": 2, "rope_theta": preset["rope_theta"], "tie_word_embeddings": True}
+    out = tmp_path / "init"
+    proc = subprocess.run([sys.executable, "-m", "llmpipe", "init-model", "--config",
+                           json.dumps({"model": model, "train": {"seq_len": 128}}), "--tokenizer", str(GPT2),
+                           "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = read_as_nxd(out)
+    written = json.loads((out / "config.json").read_text())
+    assert got["rope_theta"] == preset["rope_theta"] == written["rope_parameters"]["rope_theta"]
+    assert got["rope_scaling"] is None and got["tie_word_embeddings"] is True
+    assert (got["num_attention_heads"], got["num_key_value_heads"], got["vocab_size"]) == (
+        8, 2, written["vocab_size"])
+
+
+def test_legacy_keys_follow_rope_parameters():
+    llama3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+              "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    out = with_legacy_rope({"rope_parameters": llama3, "vocab_size": 7})
+    assert out["rope_theta"] == 500000.0 and out["vocab_size"] == 7
+    assert out["rope_scaling"] == {**{k: v for k, v in llama3.items() if k != "rope_theta"}, "type": "llama3"}
+    assert with_legacy_rope({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}})["rope_scaling"] is None
+    assert with_legacy_rope({"rope_theta": 1e4}) == {"rope_theta": 1e4}  # already 4.x style: untouched
