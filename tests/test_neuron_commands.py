@@ -39,6 +39,20 @@ TRAINER_FLAGS = {
 }
 
 
+# tp_zero1_llama_hf_pretrain.py's argparse (same release): valued flags, then store_true switches.
+ZERO1_FLAGS = {
+    "--model_path", "--data_dir", "--output_dir", "--metrics_file", "--batch_size", "--max_steps", "--steps_this_run",
+    "--seed", "--lr", "--warmup_steps", "--grad_accum_usteps", "--tensor_parallel_size", "--context_parallel_size",
+    "--seq_len", "--num_layers", "--logging_interval", "--kv_replicator", "--use_gpu_compatible_precision",
+    "--weight_decay", "--beta1", "--beta2", "--checkpoint_freq", "--checkpoint_dir", "--loading_step",
+    "--num_kept_checkpoint", "--hidden_size", "--use_flash_attention", "--fuse_qkv", "--transpose_nki_inputs",
+}
+ZERO1_SWITCHES = {
+    "--print_grad_norm", "--use_mix_precision", "--use_zero_1", "--sequence_parallel_enabled",
+    "--selective_checkpoint_enabled", "--use_meta_device_init", "--qkv_linear", "--pretrained_weight",
+}
+
+
 def preset(name: str, **over) -> dict:
     base = yaml.safe_load((REPO / "config/config.yaml").read_text())
     cfg = merge(base, yaml.safe_load((REPO / f"config/presets/{name}.yaml").read_text()))
@@ -53,11 +67,19 @@ def build(cfg: dict, phase: str) -> str:
     return commands.render(commands.environment(cfg), commands.command(cfg, args, alloc, phase, python="python"))
 
 
-def trainer_flags(script: str) -> dict[str, str]:
+def trainer_flags(script: str) -> dict[str, str | None]:
+    """The trainer's flags in a rendered command; a store_true switch maps to None."""
     cmd = shlex.split(script.strip().splitlines()[-1])
-    at = next(i for i, a in enumerate(cmd) if a.endswith("run_llama_nxd.py"))
-    rest = cmd[at + 1:]
-    return dict(zip(rest[::2], rest[1::2]))
+    at = next(i for i, a in enumerate(cmd) if a.endswith(("run_llama_nxd.py", "tp_zero1_llama_hf_pretrain.py")))
+    rest, out, i = cmd[at + 1:], {}, 0
+    while i < len(rest):
+        if i + 1 < len(rest) and not rest[i + 1].startswith("--"):
+            out[rest[i]] = rest[i + 1]
+            i += 2
+        else:
+            out[rest[i]] = None
+            i += 1
+    return out
 
 
 @pytest.mark.parametrize("phase", ["train", "precompile"])
@@ -77,15 +99,27 @@ def test_golden_commands_hold_the_batch_arithmetic_and_real_flags(name):
     t, n = cfg["train"], cfg["neuron"]
     train, comp = ((GOLDEN / f"{name}.{p}.sh").read_text() for p in ("train", "precompile"))
     flags = trainer_flags(train)
-    assert set(flags) <= TRAINER_FLAGS, set(flags) - TRAINER_FLAGS
     assert not {"--pretrained_weight_dir", "--num_kept_checkpoints", "--convert_from_full_model"} & set(flags)
-    dp = 32 * t["nnodes"] // (int(flags["--tensor_parallel_size"]) * int(flags["--pipeline_parallel_size"]))
-    assert dp * int(flags["--train_batch_size"]) == t["global_batch_size"]
-    if n["pp"] > 1:
+    zero1 = commands.script_kind(cfg) == "tp_zero1"
+    assert zero1 == (n["pp"] == 1)  # NxD's tp + ZeRO-1 recipe without a pipeline, run_llama_nxd.py with one
+    if zero1:
+        valued = {k for k, v in flags.items() if v is not None}
+        assert valued <= ZERO1_FLAGS and set(flags) - valued <= ZERO1_SWITCHES, set(flags) - ZERO1_FLAGS - ZERO1_SWITCHES
+        dp = 32 * t["nnodes"] // int(flags["--tensor_parallel_size"])
+        assert dp * int(flags["--batch_size"]) * int(flags["--grad_accum_usteps"]) == t["global_batch_size"]
+        assert flags["--loading_step"] == "latest_if_exists" and "--pretrained_weight" in flags
+        assert flags["--data_dir"] == f"{RUN}/data/views/hf/train" and flags["--model_path"] == f"{RUN}/checkpoints/init"
+        assert ("--use_zero_1" in flags) == n["zero1"] and ("--use_mix_precision" in flags) == n["fp32_optimizer"]
+        assert "--pipeline_parallel_size" not in flags and "--min_lr" not in flags
+    else:
+        assert set(flags) <= TRAINER_FLAGS, set(flags) - TRAINER_FLAGS
+        dp = 32 * t["nnodes"] // (int(flags["--tensor_parallel_size"]) * int(flags["--pipeline_parallel_size"]))
+        assert dp * int(flags["--train_batch_size"]) == t["global_batch_size"]
         assert int(flags["--num_microbatches"]) * t["micro_batch_size"] == int(flags["--train_batch_size"])
-    assert flags["--loading_step"] == "latest_if_exists" and flags["--pretrained_weight"] == "1"
+        assert flags["--loading_step"] == "latest_if_exists" and flags["--pretrained_weight"] == "1"
+        assert flags["--training_dir"] == f"{RUN}/data/views/hf/train"
     assert flags["--kv_replicator"] == str(n["kv_size_multiplier"]) and flags["--seq_len"] == str(t["seq_len"])
-    assert flags["--training_dir"] == f"{RUN}/data/views/hf/train"
+    assert float(flags["--weight_decay"]) == t["weight_decay"] and float(flags["--lr"]) == t["lr"]
     # srun: one task per node; each runs llmpipe's node task (torchrun --nnodes/--node_rank from SLURM_NODEID)
     srun = shlex.split(train.strip().splitlines()[-1])
     assert srun[:6] == ["srun", "--overlap", "--kill-on-bad-exit=1", f"--nodes={t['nnodes']}",
@@ -95,11 +129,45 @@ def test_golden_commands_hold_the_batch_arithmetic_and_real_flags(name):
     pre = shlex.split(comp.strip().splitlines()[-1])
     assert pre[pre.index("--cpus-per-task=128") + 1] == "neuron_parallel_compile"
     pflags = trainer_flags(comp)
-    assert pflags.pop("--max_steps") == str(n["extract_steps"]) and pflags.pop("--checkpoint_freq") == "-1"
-    assert {k: v for k, v in flags.items() if k not in ("--max_steps", "--checkpoint_freq")} == pflags
+    cut = "--steps_this_run" if zero1 else "--max_steps"
+    assert pflags.pop(cut) == str(n["extract_steps"]) and pflags.pop("--checkpoint_freq") == "-1"
+    assert {k: v for k, v in flags.items() if k not in (cut, "--checkpoint_freq")} == pflags
     assert train.splitlines()[:-1] == comp.splitlines()[:-1]  # same environment, same compile cache
     cc = next(line for line in train.splitlines() if line.startswith("export NEURON_CC_FLAGS="))
     assert "--cache_dir=results/neuron-compile-cache" in cc and "--model-type=transformer" in cc
+
+
+# Every train.* hyperparameter of the schema, changed: it reaches the trainer's flags with the value given,
+# or the config is refused naming the key (what NxD hard-codes). (key, new value, flag per script or None)
+HYPER = [
+    ("lr", 1.0e-4, {"tp_pp": "--lr", "tp_zero1": "--lr"}),
+    ("min_lr", 2.0e-6, {"tp_pp": "--min_lr", "tp_zero1": None}),
+    ("warmup_steps", 7, {"tp_pp": "--warmup_steps", "tp_zero1": "--warmup_steps"}),
+    ("max_steps", 20000, {"tp_pp": "--max_steps", "tp_zero1": "--max_steps"}),
+    ("weight_decay", 0.05, {"tp_pp": None, "tp_zero1": "--weight_decay"}),
+    ("beta1", 0.8, {"tp_pp": "--beta1", "tp_zero1": "--beta1"}),
+    ("beta2", 0.98, {"tp_pp": "--beta2", "tp_zero1": "--beta2"}),
+    ("eps", 1.0e-5, {"tp_pp": None, "tp_zero1": None}),
+    ("grad_clip", 0.5, {"tp_pp": None, "tp_zero1": None}),
+    ("seed", 99, {"tp_pp": "--seed", "tp_zero1": "--seed"}),
+    ("seq_len", 2048, {"tp_pp": "--seq_len", "tp_zero1": "--seq_len"}),
+    ("save_interval", 500, {"tp_pp": "--checkpoint_freq", "tp_zero1": "--checkpoint_freq"}),
+    ("keep_checkpoints", 5, {"tp_pp": "--num_kept_checkpoint", "tp_zero1": "--num_kept_checkpoint"}),
+    ("log_interval", 3, {"tp_pp": "--logging_interval", "tp_zero1": "--logging_interval"}),
+]
+
+
+@pytest.mark.parametrize("key, value, flag", HYPER, ids=[h[0] for h in HYPER])
+@pytest.mark.parametrize("name", PRESETS)
+def test_every_hyperparameter_reaches_the_trainer_or_is_refused(name, key, value, flag):
+    cfg = preset(name, train={key: value})
+    kind = commands.script_kind(cfg)
+    if flag[kind] is None:
+        with pytest.raises(commands.NeuronConfigError, match=f"train.{key} "):
+            build(cfg, "train")
+        return
+    flags = trainer_flags(build(cfg, "train"))
+    assert float(flags[flag[kind]]) == value, (kind, flag[kind], flags[flag[kind]])
 
 
 def test_local_precompile_wraps_torchrun_and_s3_cache_uses_the_url():
@@ -112,16 +180,23 @@ def test_local_precompile_wraps_torchrun_and_s3_cache_uses_the_url():
     assert env["NEURON_COMPILE_CACHE_URL"] == "s3://bucket/neuron-cache" and "--cache_dir" not in env["NEURON_CC_FLAGS"]
 
 
-@pytest.mark.parametrize("over, needle", [
-    (dict(train={"micro_batch_size": 2}), "at neuron.pp 1 run_llama_nxd.py runs the per-replica batch (1 = global 16 / DP 16)"),
-    (dict(train={"grad_clip": 0.5}), "clips gradients at 1.0"),
-    (dict(train={"max_steps": 10500}), "max_steps 10500 must be a multiple of train.save_interval 1000"),
-    (dict(train={"global_batch_size": 24}), "global_batch_size 24 must be a multiple of data parallelism 16"),
-    (dict(train={"nnodes": 1}, neuron={"cores_per_node": 2}), "tp 8 x neuron.pp 1 must divide the 2 NeuronCores"),
+@pytest.mark.parametrize("name, over, needle", [
+    ("llama-2-7b-trn1", dict(train={"micro_batch_size": 3}), "train.micro_batch_size 3 must divide the per-replica batch 64"),
+    ("llama-2-7b-trn1", dict(train={"grad_clip": 0.5}), "clips gradients at 1.0"),
+    ("llama-2-7b-trn1", dict(train={"min_lr": 3.0e-5}), "decays the learning rate linearly to 0 at max_steps: train.min_lr"),
+    ("llama-2-7b-trn1", dict(train={"eps": 1.0e-8}), "uses its AdamW's eps 1e-06 (hard-coded): train.eps 1e-08"),
+    ("llama-2-7b-trn1", dict(neuron={"save_xser": False}), "always saves xser checkpoints: neuron.save_xser"),
+    ("llama-2-7b-trn1", dict(neuron={"script": "tp_pp"}), "neuron.script tp_pp (run_llama_nxd.py) cannot train at neuron.pp 1"),
+    ("llama-2-7b-trn1", dict(train={"max_steps": 10500}), "max_steps 10500 must be a multiple of train.save_interval 1000"),
+    ("llama-2-7b-trn1", dict(train={"global_batch_size": 24}), "global_batch_size 24 must be a multiple of data parallelism 16"),
+    ("llama-2-7b-trn1", dict(train={"nnodes": 1}, neuron={"cores_per_node": 2}), "tp 8 x neuron.pp 1 must divide the 2 NeuronCores"),
+    ("llama-3-70b-trn1", dict(train={"weight_decay": 0.1}), "sets weight decay 0.01 per parameter group (training_utils, hard-coded): train.weight_decay 0.1"),
+    ("llama-3-70b-trn1", dict(neuron={"fp32_optimizer": True}), "uses its AdamW's eps 1e-06 (hard-coded): train.eps 1e-08"),
+    ("llama-3-70b-trn1", dict(neuron={"script": "tp_zero1"}), "neuron.script tp_zero1 has no pipeline"),
 ])
-def test_unmappable_settings_are_refused(over, needle):
+def test_unmappable_settings_are_refused(name, over, needle):
     with pytest.raises(commands.NeuronConfigError, match=needle.replace("(", r"\(").replace(")", r"\)")):
-        commands.check_config(preset("llama-2-7b-trn1", **over))
+        commands.check_config(preset(name, **over))
 
 
 def snakemake_n(*args):

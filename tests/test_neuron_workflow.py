@@ -1,7 +1,7 @@
 """The neuron backend's rules end to end through Snakemake on CPU, with the Neuron parts faked.
 
-Fakes, and why: Trainium, neuronx-cc and neuronx-distributed cannot run here, so `run_llama_nxd.py`
-is a stand-in (it records its flags and environment, loads the hf view as NxD does, and "trains" by
+Fakes, and why: Trainium, neuronx-cc and neuronx-distributed cannot run here, so NxD's trainer
+(`tp_zero1_llama_hf_pretrain.py`, what pp 1 runs) is a stand-in (it records its flags and environment, loads the hf view as NxD does, and "trains" by
 writing step_<max_steps> = pretrained shards + 0.5 with a `done` marker) and
 `neuron_parallel_compile` is a shell script that runs its command with NEURON_EXTRACT_GRAPHS_ONLY=1
 as the real one does for graph extraction. Everything else is real: data stages, init, neuron_shard,
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -30,14 +31,15 @@ import argparse, json, os, sys
 from pathlib import Path
 import datasets, torch
 p = argparse.ArgumentParser()
-for f in ("--checkpoint_dir", "--training_dir", "--max_steps", "--seq_len", "--checkpoint_freq", "--pretrained_weight"):
+for f in ("--checkpoint_dir", "--data_dir", "--max_steps", "--seq_len", "--checkpoint_freq"):
     p.add_argument(f)
+p.add_argument("--pretrained_weight", action="store_true")
 args, _ = p.parse_known_args()
 if os.environ["RANK"] != "0":
     sys.exit(0)
 phase = "precompile" if os.environ.get("NEURON_EXTRACT_GRAPHS_ONLY") == "1" else "train"
 ckpt = Path(args.checkpoint_dir)
-ds = datasets.load_from_disk(args.training_dir)
+ds = datasets.load_from_disk(args.data_dir)
 keep = ("NEURON_CC_FLAGS", "NEURON_EXTRACT_GRAPHS_ONLY", "XLA_DOWNCAST_BF16", "MALLOC_ARENA_MAX", "WORLD_SIZE", "PYTHONPATH")
 record = {"argv": sys.argv[1:], "env": {k: os.environ.get(k) for k in keep},
           "row_len": len(ds[0]["input_ids"]), "columns": sorted(ds.column_names)}
@@ -57,7 +59,7 @@ if phase == "train":
 def test_neuron_dag_runs_end_to_end_with_a_fake_trainer(tmp_path):
     work = tmp_path / "repo"
     shutil.copytree(REPO, work, ignore=SKIP)
-    script = tmp_path / "nxd/examples/training/llama/tp_pp_llama_hf_pretrain/run_llama_nxd.py"
+    script = tmp_path / "nxd/examples/training/llama/tp_zero1_llama_hf_pretrain/tp_zero1_llama_hf_pretrain.py"
     script.parent.mkdir(parents=True)
     script.write_text(FAKE_TRAINER)
     bin_dir = tmp_path / "bin"
@@ -73,7 +75,7 @@ def test_neuron_dag_runs_end_to_end_with_a_fake_trainer(tmp_path):
         "model": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4,
                   "num_key_value_heads": 2},
         "train": {"backend": "neuron", "seq_len": 64, "global_batch_size": 2, "micro_batch_size": 2, "max_steps": 4,
-                  "save_interval": 2, "launcher": "local"},
+                  "save_interval": 2, "launcher": "local", "min_lr": 0.0, "eps": 1.0e-6},
         "neuron": {"tp": 2, "pp": 1, "qkv_linear": True, "kv_size_multiplier": 1, "cores_per_node": 2,
                    "nxd_dir": str(tmp_path / "nxd"), "python": sys.executable, "compile_cache": str(tmp_path / "cache"),
                    "cc_flags": ["--model-type=transformer", "-O1"]},
@@ -87,10 +89,12 @@ def test_neuron_dag_runs_end_to_end_with_a_fake_trainer(tmp_path):
     neuron = run / "checkpoints/neuron"
 
     pre, train = (json.loads((neuron / f"fake_{p}.json").read_text()) for p in ("precompile", "train"))
-    flags = dict(zip(train["argv"][::2], train["argv"][1::2]))
-    pflags = dict(zip(pre["argv"][::2], pre["argv"][1::2]))
-    assert flags["--tensor_parallel_size"] == "2" and flags["--train_batch_size"] == "2" and flags["--max_steps"] == "4"
-    assert pflags["--max_steps"] == "10" and pflags["--checkpoint_freq"] == "-1"
+    from tests.test_neuron_commands import trainer_flags
+
+    flags, pflags = (trainer_flags("tp_zero1_llama_hf_pretrain.py " + " ".join(shlex.quote(a) for a in r["argv"])) for r in (train, pre))
+    assert flags["--tensor_parallel_size"] == "2" and flags["--batch_size"] == "2" and flags["--max_steps"] == "4"
+    assert flags["--grad_accum_usteps"] == "1" and "--pretrained_weight" in flags
+    assert pflags["--steps_this_run"] == "10" and pflags["--checkpoint_freq"] == "-1"
     assert pre["env"]["NEURON_EXTRACT_GRAPHS_ONLY"] == "1" and train["env"]["NEURON_EXTRACT_GRAPHS_ONLY"] is None
     cc = f"--model-type=transformer -O1 --cache_dir={tmp_path / 'cache'}"
     assert pre["env"]["NEURON_CC_FLAGS"] == train["env"]["NEURON_CC_FLAGS"] == cc

@@ -18,8 +18,10 @@ def trained(cfg: dict) -> dict:
            "activation_checkpointing": False, "keys": {"nodes": "train.nnodes", "processes_per_node": "train.nproc"}}
     if backend == "neuron":
         n = cfg["neuron"]
+        zero1_script = n["script"] == "tp_zero1" or (n["script"] == "auto" and n["pp"] == 1)
+        unselective = zero1_script  # tp_zero1 checkpoints every layer when selective is off; run_llama_nxd.py none
         out.update(processes_per_node=n["cores_per_node"], tp=n["tp"], pp=n["pp"], zero=1 if n["zero1"] else 0,
-                   activation_checkpointing="selective" if n["selective_checkpoint"] else False)
+                   activation_checkpointing="selective" if n["selective_checkpoint"] else unselective)
         out["keys"].update(processes_per_node="neuron.cores_per_node", tp="neuron.tp", pp="neuron.pp",
                            zero="neuron.zero1", activation_checkpointing="neuron.selective_checkpoint")
     elif backend == "colossal":

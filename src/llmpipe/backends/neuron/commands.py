@@ -1,25 +1,37 @@
-"""neuron-train / neuron-precompile: run NxD's Llama trainer (run_llama_nxd.py, tp/pp family) under
-Slurm, or extract and compile its graphs first with neuron_parallel_compile.
+"""neuron-train / neuron-precompile: run NxD's Llama trainers under Slurm, or extract and compile their
+graphs first with neuron_parallel_compile.
 
   python -m llmpipe neuron-precompile --config CFG --init INIT --data VIEW --checkpoint-dir CKPT --out MARKER
   python -m llmpipe neuron-train      --config CFG --init INIT --data VIEW --checkpoint-dir CKPT --out SUMMARY
   (--dry-run prints the environment and the command instead of running it)
 
+Two trainers from NxD's examples (neuron.script; auto = tp_zero1 at neuron.pp 1, else tp_pp):
+  tp_pp     examples/training/llama/tp_pp_llama_hf_pretrain/run_llama_nxd.py (pp >= 2: at pp 1 it builds
+            the model with return_dict=False and NxD's run_train calls backward() on a tuple)
+  tp_zero1  examples/training/llama/tp_zero1_llama_hf_pretrain/tp_zero1_llama_hf_pretrain.py (tp + ZeRO-1,
+            no pipeline; NxD's Llama-2-7B recipe)
+
 The launch is llmpipe.launch's: one task per node through `srun`, each running torchrun with
 --nnodes / --node_rank / --master_addr from the Slurm job (port neuron.master_port, 44000 as the
 recipes); precompile wraps each node's command in `neuron_parallel_compile`, with the same nodes,
-flags and compile cache, the trainer's steps cut to neuron.extract_steps and no checkpoint saving.
+flags and compile cache, the steps cut to neuron.extract_steps and no checkpoint saving.
 
-Mapping of the shared schema (train:) to run_llama_nxd.py flags:
-  DP = neuron.cores_per_node x train.nnodes / (tp x pp); --train_batch_size = global_batch_size / DP;
-  --num_microbatches = train_batch_size / micro_batch_size (pp > 1; at pp 1 the trainer runs the whole
-  per-replica batch in one pass, so micro_batch_size must equal it);
-  lr, min_lr, warmup_steps, max_steps, weight_decay, beta1, beta2, seed -> same names; seq_len ->
-  --seq_len; save_interval -> --checkpoint_freq; keep_checkpoints -> --num_kept_checkpoint;
-  log_interval -> --logging_interval; resume -> --loading_step latest_if_exists (else -1).
-  The trainer clips gradients at 1.0 and uses AdamW's eps 1e-8 (hard-coded), so other values of
-  train.grad_clip / train.eps are refused. It saves every --checkpoint_freq steps and not at the
-  end, so max_steps must be a multiple of save_interval.
+Mapping of the shared schema (train:) to the trainers' flags (DP = neuron.cores_per_node x
+train.nnodes / (tp x pp); per-replica batch = global_batch_size / DP):
+  tp_pp:    --train_batch_size per-replica batch, --num_microbatches = it / micro_batch_size;
+            lr, min_lr, warmup_steps, max_steps, beta1, beta2, seed -> same names (cosine to min_lr).
+  tp_zero1: --batch_size micro_batch_size, --grad_accum_usteps = per-replica batch / micro_batch_size;
+            lr, warmup_steps, max_steps, weight_decay, beta1, beta2, seed -> same names (linear warmup,
+            then linear decay to 0 at max_steps: train.min_lr must be 0).
+  both:     seq_len -> --seq_len; save_interval -> --checkpoint_freq; keep_checkpoints ->
+            --num_kept_checkpoint; log_interval -> --logging_interval; resume -> --loading_step
+            latest_if_exists (else -1).
+What the trainers hard-code is refused when set otherwise, naming the key: gradient clipping at 1.0
+(train.grad_clip); AdamW's eps (train.eps: 1e-6 for NxD's AdamW_FP32OptimParams and transformers'
+AdamW, 1e-8 for torch's AdamW under tp_pp without neuron.fp32_optimizer); weight decay 0.01 per
+parameter group in run_llama_nxd.py's training_utils (train.weight_decay, tp_pp only: tp_zero1 passes
+it on); xser checkpoints (neuron.save_xser, tp_zero1). Both save every --checkpoint_freq steps and not
+at the end, so max_steps must be a multiple of save_interval.
 """
 
 from __future__ import annotations
@@ -40,17 +52,35 @@ from llmpipe.io import write_json
 
 log = logging.getLogger(__name__)
 
-SCRIPT = "examples/training/llama/tp_pp_llama_hf_pretrain/run_llama_nxd.py"
+SCRIPTS = {"tp_pp": "examples/training/llama/tp_pp_llama_hf_pretrain/run_llama_nxd.py",
+           "tp_zero1": "examples/training/llama/tp_zero1_llama_hf_pretrain/tp_zero1_llama_hf_pretrain.py"}
 COMPILE_WRAPPER = "neuron_parallel_compile"
 
 
 class NeuronConfigError(ValueError):
-    """The config cannot be mapped onto run_llama_nxd.py (raised before any job runs)."""
+    """The config cannot be mapped onto NxD's trainer (raised before any job runs)."""
+
+
+def script_kind(cfg: dict) -> str:
+    n = cfg["neuron"]
+    return n["script"] if n["script"] != "auto" else ("tp_zero1" if n["pp"] == 1 else "tp_pp")
+
+
+def script_path(cfg: dict) -> Path:
+    return Path(cfg["neuron"]["nxd_dir"]) / SCRIPTS[script_kind(cfg)]
+
+
+def adam_eps(cfg: dict) -> float:
+    """The eps of the optimizer class the trainer builds (it passes none)."""
+    fp32_params = cfg["neuron"]["fp32_optimizer"] or script_kind(cfg) == "tp_zero1"  # transformers' AdamW: 1e-6 too
+    return 1e-6 if fp32_params else 1e-8
 
 
 def batch_plan(cfg: dict) -> dict:
-    """Data parallelism and the trainer's batch flags from train.* and neuron.*."""
+    """Data parallelism and the trainer's batch flags from train.* and neuron.*; every setting the
+    trainer would not honour is refused here, naming the key."""
     t, n = cfg["train"], cfg["neuron"]
+    kind, name = script_kind(cfg), Path(SCRIPTS[script_kind(cfg)]).name
     world = n["cores_per_node"] * t["nnodes"]
     errs = []
     if world % (n["tp"] * n["pp"]):
@@ -62,26 +92,35 @@ def batch_plan(cfg: dict) -> dict:
         raise NeuronConfigError(f"train.global_batch_size {gbs} must be a multiple of data parallelism {dp} "
                                 f"(= {world} cores / tp {n['tp']} / pp {n['pp']})")
     per_dp = gbs // dp
-    if n["pp"] > 1:
-        if per_dp % micro:
-            errs.append(f"train.micro_batch_size {micro} must divide the per-replica batch {per_dp} (global / DP)")
-        microbatches = per_dp // micro
-    else:
-        if micro != per_dp:
-            errs.append(f"at neuron.pp 1 run_llama_nxd.py runs the per-replica batch ({per_dp} = global {gbs} / DP {dp}) "
-                        f"in one pass (no gradient accumulation): set train.micro_batch_size {per_dp}, "
-                        f"or use pipeline parallelism")
-        microbatches = 1
+    if per_dp % micro:
+        errs.append(f"train.micro_batch_size {micro} must divide the per-replica batch {per_dp} (global {gbs} / DP {dp})")
+    if kind == "tp_pp" and n["pp"] == 1:
+        errs.append("neuron.script tp_pp (run_llama_nxd.py) cannot train at neuron.pp 1: it builds the model with "
+                    "return_dict=False and NxD's run_train then calls backward() on a tuple; use neuron.script "
+                    "tp_zero1 (NxD's tp + ZeRO-1 recipe; auto picks it at pp 1) or neuron.pp >= 2")
+    if kind == "tp_zero1":
+        if n["pp"] != 1 or n["vpp"] != 1:
+            errs.append(f"neuron.script tp_zero1 has no pipeline: neuron.pp ({n['pp']}) and neuron.vpp ({n['vpp']}) must be 1")
+        if t["min_lr"] != 0:
+            errs.append(f"{name} decays the learning rate linearly to 0 at max_steps: train.min_lr {t['min_lr']} "
+                        "cannot be honoured (set 0)")
+        if not n["save_xser"]:
+            errs.append(f"{name} always saves xser checkpoints: neuron.save_xser false cannot be honoured")
+    elif t["weight_decay"] != 0.01:
+        errs.append(f"{name} sets weight decay 0.01 per parameter group (training_utils, hard-coded): "
+                    f"train.weight_decay {t['weight_decay']} cannot be honoured (set 0.01, or use neuron.script tp_zero1)")
     if t["grad_clip"] != 1.0:
-        errs.append(f"run_llama_nxd.py clips gradients at 1.0 (hard-coded): train.grad_clip {t['grad_clip']} cannot be honoured")
-    if t["eps"] != 1e-8:
-        errs.append(f"run_llama_nxd.py uses AdamW's eps 1e-8 (hard-coded): train.eps {t['eps']} cannot be honoured")
+        errs.append(f"{name} clips gradients at 1.0 (hard-coded): train.grad_clip {t['grad_clip']} cannot be honoured")
+    if t["eps"] != adam_eps(cfg):
+        errs.append(f"{name} uses its AdamW's eps {adam_eps(cfg):g} (hard-coded): train.eps {t['eps']:g} cannot be honoured")
     if t["max_steps"] % t["save_interval"]:
-        errs.append(f"run_llama_nxd.py saves every --checkpoint_freq steps and not at the end: train.max_steps "
+        errs.append(f"{name} saves every --checkpoint_freq steps and not at the end: train.max_steps "
                     f"{t['max_steps']} must be a multiple of train.save_interval {t['save_interval']}")
     if errs:
         raise NeuronConfigError("neuron backend: " + "; ".join(errs))
-    return {"world": world, "dp": dp, "train_batch_size": per_dp, "num_microbatches": microbatches}
+    return {"script": kind, "world": world, "dp": dp, "train_batch_size": per_dp,
+            "num_microbatches": per_dp // micro if kind == "tp_pp" else 1,
+            "grad_accum_usteps": per_dp // micro if kind == "tp_zero1" else 1}
 
 
 def model_dims(cfg: dict) -> Dims | None:
@@ -124,13 +163,14 @@ def environment(cfg: dict) -> dict[str, str]:
         env["NEURON_COMPILE_CACHE_URL"] = cache
     else:
         flags.append(f"--cache_dir={cache}")
-    script_dir = Path(n["nxd_dir"]) / SCRIPT
+    script_dir = script_path(cfg)
+    zero1 = script_kind(cfg) == "tp_zero1"  # its recipe: 3 in-flight requests, 64 arenas, its own precision
     env.update({
         "NEURON_CC_FLAGS": " ".join(flags),
         "NEURON_FUSE_SOFTMAX": "1",
-        "NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS": "7",
-        "MALLOC_ARENA_MAX": "128",
-        "XLA_DOWNCAST_BF16": "1",
+        "NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS": "3" if zero1 else "7",
+        "MALLOC_ARENA_MAX": "64" if zero1 else "128",
+        **({} if zero1 else {"XLA_DOWNCAST_BF16": "1"}),
         "XLA_DISABLE_FUNCTIONALIZATION": "0",
         "FI_EFA_USE_DEVICE_RDMA": "1",
         "FI_PROVIDER": "efa",
@@ -144,13 +184,22 @@ def environment(cfg: dict) -> dict[str, str]:
 
 def trainer_args(cfg: dict, init: str, data: str, checkpoint_dir: str, metrics: str, tb_dir: str,
                  phase: str = "train") -> list[str]:
-    """run_llama_nxd.py and its flags (real names: the tutorials' --pretrained_weight_dir,
-    --num_kept_checkpoints, --convert_from_full_model are silently ignored by its parse_known_args)."""
+    """The trainer script and its flags (real names only: the tutorials' --pretrained_weight_dir,
+    --num_kept_checkpoints, --convert_from_full_model are silently ignored by run_llama_nxd.py)."""
+    flags = (zero1_flags if script_kind(cfg) == "tp_zero1" else tp_pp_flags)(
+        cfg, init, data, checkpoint_dir, metrics, tb_dir, phase == "precompile")
+    out = [str(script_path(cfg))]
+    for k, v in flags.items():
+        out += [k] if v is True else [k, str(v)]  # True: a store_true switch
+    return out
+
+
+def tp_pp_flags(cfg: dict, init: str, data: str, checkpoint_dir: str, metrics: str, tb_dir: str,
+                extract: bool) -> dict:
     t, n = cfg["train"], cfg["neuron"]
     layout = Layout.from_config(n)
     b = batch_plan(cfg)
-    extract = phase == "precompile"
-    flags = {
+    return {
         "--training_dir": f"{data}/train",
         "--training_config": init,
         "--tensor_parallel_size": n["tp"],
@@ -187,10 +236,46 @@ def trainer_args(cfg: dict, init: str, data: str, checkpoint_dir: str, metrics: 
         "--metrics_file": metrics,
         "--logging_interval": t["log_interval"],
     }
-    out = [str(Path(n["nxd_dir"]) / SCRIPT)]
-    for k, v in flags.items():
-        out += [k, str(v)]
-    return out
+
+
+def zero1_flags(cfg: dict, init: str, data: str, checkpoint_dir: str, metrics: str, tb_dir: str,
+                extract: bool) -> dict:
+    """tp_zero1_llama_hf_pretrain.py: switches are store_true (present = on), the rest valued."""
+    t, n = cfg["train"], cfg["neuron"]
+    layout = Layout.from_config(n)
+    b = batch_plan(cfg)
+    switches = {"--use_mix_precision": n["fp32_optimizer"], "--use_zero_1": n["zero1"],
+                "--sequence_parallel_enabled": n["sequence_parallel"],
+                "--selective_checkpoint_enabled": n["selective_checkpoint"],  # off = full checkpointing there
+                "--use_meta_device_init": n["meta_device_init"], "--qkv_linear": layout.qkv_linear,
+                "--pretrained_weight": True, "--print_grad_norm": True}
+    return {
+        "--model_path": init,
+        "--data_dir": f"{data}/train",
+        "--output_dir": tb_dir,
+        "--metrics_file": metrics,
+        "--tensor_parallel_size": n["tp"],
+        "--kv_replicator": n["kv_size_multiplier"],
+        "--fuse_qkv": int(layout.fuse_qkv),
+        "--use_flash_attention": int(n["flash_attention"]),
+        "--batch_size": t["micro_batch_size"],
+        "--grad_accum_usteps": b["grad_accum_usteps"],
+        "--seq_len": t["seq_len"],
+        "--max_steps": t["max_steps"],
+        "--steps_this_run": n["extract_steps"] if extract else -1,
+        "--lr": t["lr"],
+        "--warmup_steps": t["warmup_steps"],
+        "--beta1": t["beta1"],
+        "--beta2": t["beta2"],
+        "--weight_decay": t["weight_decay"],
+        "--seed": t["seed"],
+        "--checkpoint_dir": checkpoint_dir,
+        "--checkpoint_freq": -1 if extract else t["save_interval"],
+        "--num_kept_checkpoint": t["keep_checkpoints"],
+        "--loading_step": "latest_if_exists" if t["resume"] else "-1",
+        "--logging_interval": t["log_interval"],
+        **{k: True for k, on in switches.items() if on},
+    }
 
 
 def command(cfg: dict, args: list[str], alloc: launch.Allocation | None, phase: str, python: str | None = None) -> list[str]:
@@ -213,7 +298,7 @@ def render(env: dict[str, str], cmd: list[str]) -> str:
 
 def check_inputs(cfg: dict, init: str, data: str, checkpoint_dir: str) -> None:
     n, t = cfg["neuron"], cfg["train"]
-    script = Path(n["nxd_dir"]) / SCRIPT
+    script = script_path(cfg)
     if not script.is_file():
         raise NeuronConfigError(f"{script} not found: check out a neuronx-distributed release into neuron.nxd_dir "
                                 f"(git clone --branch <release tag> https://github.com/aws-neuron/neuronx-distributed "
