@@ -53,14 +53,19 @@ def write_xser(src: dict, path, nested: bool = False):
     assert "torch_xla" not in sys.modules
 
 
-def make_step(ckpt, step, shards_from, tp, pp, xser, done=True, nested=False):
-    """A training step folder as NxD writes it, from the rank files of `shards_from`."""
+def make_step(ckpt, step, shards_from, tp, pp, xser, done=True, nested=False, old_names=False):
+    """A training step folder as NxD writes it, from the rank files of `shards_from`; old_names: the older
+    API's tp_rank_XX_pp_rank_YY (xser reference file) / tp_rank_XX_pp_rank_YY/checkpoint.pt (torch.save)."""
     model_dir = ckpt / f"step_{step}" / "model"
     model_dir.mkdir(parents=True)
     for t in range(tp):
         for p in range(pp):
             state = rank_state(shards_from, t, p)
             f = model_dir / f"dp_rank_00_tp_rank_{t:02d}_pp_rank_{p:02d}.pt"
+            if old_names:
+                f = model_dir / f"tp_rank_{t:02d}_pp_rank_{p:02d}"
+                f = f if xser else f / "checkpoint.pt"
+                f.parent.mkdir(parents=True, exist_ok=True)
             if xser:
                 write_xser(state, f, nested)
             else:
@@ -93,6 +98,28 @@ def test_latest_complete_xser_step_is_merged(tmp_path):
     assert all(torch.equal(got4[n], t) for n, t in m0.state_dict().items())
     with pytest.raises(FileNotFoundError, match=r"step '12' is not a complete checkpoint; complete: \[4, 8\]"):
         merge(ckpt, tmp_path / "out12", step="12")
+
+
+@pytest.mark.parametrize("xser", [True, False], ids=["xser", "torch.save"])
+def test_older_rank_file_names_merge_exactly(tmp_path, xser):
+    """NxD's older checkpoint API: tp_rank_XX_pp_rank_YY (xser) or tp_rank_XX_pp_rank_YY/checkpoint.pt."""
+    layout = Layout(tp=4, pp=2, kv_size_multiplier=2, qkv_linear=True)
+    m = tiny_llama(tmp_path / "m", 8, 2, False, seed=3)
+    shard(tmp_path / "m" / "hf", tmp_path / "s", layout)
+    ckpt = tmp_path / "nxd"
+    shutil.copytree(tmp_path / "s/pretrained_weight", ckpt / "pretrained_weight")
+    make_step(ckpt, 6, tmp_path / "s", 4, 2, xser=xser, old_names=True)
+    names = sorted(x.name for x in (ckpt / "step_6/model").iterdir())
+    assert "dp_rank_00_tp_rank_00_pp_rank_00.pt" not in names and "tp_rank_00_pp_rank_00" in names
+    merge(ckpt, tmp_path / "out", step="latest", dtype="float32")
+    got = load_file(tmp_path / "out/model.safetensors")
+    for name, t in m.state_dict().items():
+        assert torch.equal(got[name], t), name
+    # a missing rank is named with every name it was looked for under
+    victim = ckpt / "step_6/model" / ("tp_rank_03_pp_rank_01" if xser else "tp_rank_03_pp_rank_01/checkpoint.pt")
+    victim.unlink()
+    with pytest.raises(FileNotFoundError, match="has none of tp_rank_03_pp_rank_01, tp_rank_03_pp_rank_01/checkpoint.pt"):
+        merge(ckpt, tmp_path / "out2", step="latest", dtype="float32")
 
 
 def test_fused_qkv_split_by_head_counts_not_thirds(tmp_path):

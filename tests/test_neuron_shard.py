@@ -82,6 +82,22 @@ def test_round_trip_is_bit_exact(tmp_path, case):
     assert out_cfg["tie_word_embeddings"] is tied and summary["attention"] == rec["attention"]
 
 
+TRN2_CASES = [c for c in CASES if c[4]]  # KV replication order matters only with qkv_linear
+
+
+@pytest.mark.parametrize("case", TRN2_CASES, ids=case_id)
+def test_trn2_round_trip_is_bit_exact(tmp_path, case):
+    heads, kv, tp, pp, lin, fuse, kvm, tied = case
+    tiny_llama(tmp_path, heads, kv, tied)
+    layout = Layout(tp=tp, pp=pp, kv_size_multiplier=kvm, qkv_linear=lin, fuse_qkv=fuse, hw_backend="trn2")
+    shard(tmp_path / "hf", tmp_path / "nxd", layout)
+    summary = merge(tmp_path / "nxd", tmp_path / "out", step="pretrained", dtype="float32")
+    assert summary["layout"]["hw_backend"] == "trn2"
+    before, after = load_file(tmp_path / "hf/model.safetensors"), load_file(tmp_path / "out/model.safetensors")
+    for name in before:
+        assert torch.equal(before[name], after[name]), name
+
+
 def test_round_trip_bf16_default_dtype_and_loads_in_transformers(tmp_path):
     from transformers import AutoModelForCausalLM
 
@@ -133,11 +149,17 @@ def simulate_layer(ckpt, cfg, layout, layer, x, cos, sin, mask):
     return attn, mlp
 
 
-@pytest.mark.parametrize("case", [CASES[1], CASES[3], CASES[6], CASES[8], CASES[9], CASES[10], CASES[11]], ids=case_id)
-def test_per_rank_matmuls_reproduce_the_full_model(tmp_path, case):
+SIMULATED = [(c, "trn1") for c in (CASES[1], CASES[3], CASES[6], CASES[8], CASES[9], CASES[10], CASES[11])]
+SIMULATED += [(c, "trn2") for c in (CASES[4], CASES[8], CASES[9], CASES[10], CASES[11])]
+
+
+@pytest.mark.parametrize("case, hw", SIMULATED, ids=[f"{case_id(c)}-{hw}" for c, hw in SIMULATED])
+def test_per_rank_matmuls_reproduce_the_full_model(tmp_path, case, hw):
+    """Each rank computes attention as NxD's Llama does (local query head j with local KV head
+    j // (query heads / KV heads per rank)); on trn2 with trn2's blocked KV replication."""
     heads, kv, tp, pp, lin, fuse, kvm, tied = case
     model = tiny_llama(tmp_path, heads, kv, tied, dtype=torch.float64).eval()
-    layout = Layout(tp=tp, pp=pp, kv_size_multiplier=kvm, qkv_linear=lin, fuse_qkv=fuse)
+    layout = Layout(tp=tp, pp=pp, kv_size_multiplier=kvm, qkv_linear=lin, fuse_qkv=fuse, hw_backend=hw)
     shard(tmp_path / "hf", tmp_path / "nxd", layout)
     cfg = model.config
     torch.manual_seed(1)
@@ -166,6 +188,25 @@ def test_trn1_query_order_matches_nxd_documented_example():
     order = [q_rows(r, layout, d)[0] // d.head_dim for r in range(64)]
     expected = [4 * i + j for j in range(4) for i in range(16)]  # Q0, Q4, ..., Q60, Q1, Q5, ..., Q63
     assert order == expected
+
+
+def test_trn2_blocked_kv_replication_with_queries_in_order():
+    """Llama-3-70B on trn2 at tp 32 (heads 64, kv 8, kv_size_multiplier 4): NxD's trainer replicates each
+    KV head on M = 4 adjacent ranks (repeat_interleave; KV-shared groups of adjacent ranks), so rank r holds
+    KV head r // 4 and query heads 2r, 2r + 1 in order; trn1 holds KV head r % 8 with regrouped queries."""
+    from llmpipe.backends.neuron.layout import kv_head, kv_rows
+
+    d = Dims(layers=1, hidden=64 * 2, heads=64, kv_heads=8, intermediate=64, vocab=64, tied=False)
+    trn2 = Layout(tp=32, kv_size_multiplier=4, qkv_linear=True, hw_backend="trn2").check(d)
+    trn1 = Layout(tp=32, kv_size_multiplier=4, qkv_linear=True).check(d)
+    for r in range(32):
+        assert [q_rows(r, trn2, d)[0] // d.head_dim, q_rows(r, trn2, d)[1] // d.head_dim] == [2 * r, 2 * r + 2]
+        assert kv_head(r, trn2, d) == r // 4 and kv_rows(r, trn2, d)[0] // d.head_dim == r // 4
+        assert kv_head(r, trn1, d) == r % 8
+        # every local query head's GQA group (head // (64 / 8)) is the rank's KV head, on both
+        for layout in (trn1, trn2):
+            first = q_rows(r, layout, d)[0] // d.head_dim
+            assert {(first + j) // 8 for j in range(2)} == {kv_head(r, layout, d)}, (layout.hw_backend, r)
 
 
 def test_pipeline_split_gives_the_remainder_to_later_stages():

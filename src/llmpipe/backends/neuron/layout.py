@@ -6,11 +6,21 @@ Which attention module the trainer builds (and so which names the rank files nee
   fuse_qkv, MHA, no qkv_linear   ColumnParallelLinear(stride 3): qkv_proj.weight = per rank [q_r; k_r; v_r]
                                  (the converter's coalesce_qkv)
   otherwise                  q_proj / k_proj / v_proj, each split on dim 0
+
+KV replication with qkv_linear (kv_size_multiplier M = tp / kv heads, one KV head per rank) follows the
+hardware the trainer runs on (NxD's qkv_linear.py picks it from the platform):
+  trn1  interleaved: rank r holds KV head r % kv; query heads regrouped so each rank holds its KV
+        head's queries (as NxD's checkpoint converter writes them)
+  trn2  blocked: rank r holds KV head r // M (torch.repeat_interleave in qkv_linear.py; KV-shared
+        groups of M adjacent ranks in parallel_state.py); query heads stay in order, heads/tp per rank.
+        NxD's converter (fbac349) writes trn2 K/V with .repeat (trn1's order), which pairs most ranks'
+        queries with the wrong KV head; this layout follows the trainer instead.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 
 class LayoutError(ValueError):
@@ -58,10 +68,11 @@ class Layout:
     qkv_linear: bool = False
     fuse_qkv: bool = True              # both NxD Llama trainers default to 1
     coalesce_qkv: bool | None = None   # None: what the trainer builds (fuse_qkv and MHA and not qkv_linear)
+    hw_backend: str = "trn1"           # trn1 | trn2: the KV replication order (module docstring)
 
     @classmethod
     def from_config(cls, neuron: dict) -> "Layout":
-        keys = ("tp", "pp", "vpp", "kv_size_multiplier", "qkv_linear", "fuse_qkv", "coalesce_qkv")
+        keys = ("tp", "pp", "vpp", "kv_size_multiplier", "qkv_linear", "fuse_qkv", "coalesce_qkv", "hw_backend")
         return cls(**{k: neuron[k] for k in keys if k in neuron})
 
     def to_json(self) -> dict:
@@ -76,7 +87,7 @@ class Layout:
 
     def check(self, d: Dims) -> "Layout":
         """All problems at once (LayoutError), else the layout with coalesce_qkv resolved."""
-        errs = []
+        errs = [] if self.hw_backend in ("trn1", "trn2") else [f"hw_backend {self.hw_backend!r}: trn1 or trn2"]
         for name in ("tp", "pp", "vpp", "kv_size_multiplier"):
             if getattr(self, name) < 1:
                 errs.append(f"{name} must be >= 1 (got {getattr(self, name)})")
@@ -100,7 +111,7 @@ class Layout:
                             f"with tp < kv heads train with qkv_linear false")
             elif kvm != tp // d.kv_heads:
                 errs.append(f"kv_size_multiplier {kvm} must equal tp / num_key_value_heads = {tp // d.kv_heads} "
-                            f"with qkv_linear on trn1 (the trainer gets the same value as --kv_replicator)")
+                            f"with qkv_linear (one KV head per rank; the trainer gets the same value as --kv_replicator)")
             if coalesce:
                 errs.append("coalesce_qkv applies without qkv_linear only (qkv_linear has its own fused layout: fuse_qkv)")
             coalesce = False
@@ -121,7 +132,7 @@ class Layout:
                             f"leave coalesce_qkv null")
         if errs:
             raise LayoutError("invalid neuron layout: " + "; ".join(errs))
-        return Layout(tp, self.pp, self.vpp, kvm, self.qkv_linear, self.fuse_qkv, bool(coalesce))
+        return Layout(tp, self.pp, self.vpp, kvm, self.qkv_linear, self.fuse_qkv, bool(coalesce), self.hw_backend)
 
 
 def stage_layers(layers: int, stages: int) -> list[int]:
@@ -140,11 +151,17 @@ def layer_pp_rank(layers: int, pp: int, vpp: int = 1) -> list[int]:
     return out
 
 
+def kv_head(rank: int, layout: Layout, d: Dims) -> int:
+    """The KV head tp rank `rank` holds with qkv_linear: r % kv on trn1, r // kv_size_multiplier on trn2."""
+    return rank // layout.kv_size_multiplier if layout.hw_backend == "trn2" else rank % d.kv_heads
+
+
 def q_group(rank: int, layout: Layout, d: Dims) -> int:
     """Which block of heads/tp consecutive query heads tp rank `rank` holds. With qkv_linear on trn1
     (interleaved KV replication: rank r holds KV head r % kv), query heads are regrouped so each rank
-    holds the query heads of its KV head: group (r % kv) * (tp / kv) + r // kv. Otherwise group r."""
-    if layout.qkv_linear:
+    holds the query heads of its KV head: group (r % kv) * (tp / kv) + r // kv. Otherwise (trn2's
+    blocked replication already pairs them) group r."""
+    if layout.qkv_linear and layout.hw_backend == "trn1":
         kv = d.kv_heads
         return (rank % kv) * (layout.tp // kv) + rank // kv
     return rank
@@ -158,12 +175,11 @@ def q_rows(rank: int, layout: Layout, d: Dims) -> tuple[int, int]:
 
 
 def kv_rows(rank: int, layout: Layout, d: Dims) -> tuple[int, int]:
-    """Row range of k_proj / v_proj on tp rank `rank`: KV repeated kv_size_multiplier times
-    (interleaved: K0..K{kv-1}, K0..), then split on dim 0; without qkv_linear a plain split."""
+    """Row range of k_proj / v_proj on tp rank `rank`: with qkv_linear one KV head per rank (kv_head:
+    trn1 interleaved, trn2 blocked replication); without qkv_linear a plain split."""
     if layout.qkv_linear:
-        n = d.kv_heads * layout.kv_size_multiplier * d.head_dim // layout.tp  # = head_dim (kvm = tp / kv)
-        start = (rank * n) % (d.kv_heads * d.head_dim)
-        return start, start + n
+        start = kv_head(rank, layout, d) * d.head_dim
+        return start, start + d.head_dim
     n = d.kv_heads // layout.tp * d.head_dim
     return rank * n, (rank + 1) * n
 
@@ -175,3 +191,18 @@ def split(size: int, rank: int, tp: int) -> tuple[int, int]:
 
 def rank_file(tp_rank: int, pp_rank: int) -> str:
     return f"dp_rank_00_tp_rank_{tp_rank:02d}_pp_rank_{pp_rank:02d}.pt"
+
+
+def rank_candidates(tp_rank: int, pp_rank: int) -> list[str]:
+    """Names a rank's model file has had, in the order NxD's converter tries them: the older API's
+    `tp_rank_XX_pp_rank_YY` (an xser reference file) or `tp_rank_XX_pp_rank_YY/checkpoint.pt` (torch.save),
+    then today's `dp_rank_00_tp_rank_XX_pp_rank_YY.pt`."""
+    old = f"tp_rank_{tp_rank:02d}_pp_rank_{pp_rank:02d}"
+    return [old, f"{old}/checkpoint.pt", rank_file(tp_rank, pp_rank)]
+
+
+def find_rank_file(folder: Path, tp_rank: int, pp_rank: int) -> Path | None:
+    for name in rank_candidates(tp_rank, pp_rank):
+        if (folder / name).is_file():
+            return folder / name
+    return None

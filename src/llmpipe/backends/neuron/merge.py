@@ -3,7 +3,8 @@
   python -m llmpipe neuron-merge --checkpoint-dir CKPT_DIR --tokenizer TOK --out FINAL [--step latest|N|pretrained]
 
 Reads CKPT_DIR/step_<N>/model/dp_rank_00_tp_rank_XX_pp_rank_YY.pt (xser reference file + .tensors
-folder, or plain torch.save) of the newest step with a `done` marker (or --step N, or the
+folder, or plain torch.save; also NxD's older names tp_rank_XX_pp_rank_YY (xser) and
+tp_rank_XX_pp_rank_YY/checkpoint.pt) of the newest step with a `done` marker (or --step N, or the
 pretrained_weight shards), with the layout and HF config that neuron-shard recorded in
 CKPT_DIR/pretrained_weight/nxd_layout.json. Inverse of neuron-shard: fused QKV is split by the real
 per-rank sizes (q heads/tp x head_dim, then kv rows), not in equal thirds as NxD's converter does;
@@ -26,7 +27,8 @@ from typing import Iterator
 
 import torch
 
-from llmpipe.backends.neuron.layout import Dims, Layout, kv_rows, layer_pp_rank, q_group, rank_file
+from llmpipe.backends.neuron.layout import (Dims, Layout, find_rank_file, kv_head, kv_rows, layer_pp_rank,
+                                            q_group, rank_candidates)
 from llmpipe.backends.neuron.shard import LAYOUT_FILE
 from llmpipe.backends.neuron.xser import RankFile
 from llmpipe.io import atomic_path, write_json
@@ -88,11 +90,17 @@ class Shards:
         self.folder, self.layout, self.d = folder, layout, d
         if not folder.is_dir():
             raise FileNotFoundError(f"{folder}: no such folder")
-        beyond = [f for f in (rank_file(layout.tp, 0), rank_file(0, layout.pp)) if (folder / f).exists()]
+        beyond = [str(f.relative_to(folder)) for f in (find_rank_file(folder, layout.tp, 0), find_rank_file(folder, 0, layout.pp)) if f]
         if beyond:
             raise ValueError(f"{folder} has rank files beyond the layout ({', '.join(beyond)}): "
                              f"the checkpoint was written with another tp/pp than {layout.to_json()}")
-        self.files = {(t, p): RankFile(folder / rank_file(t, p)) for p in range(layout.pp) for t in range(layout.tp)}
+        self.files = {}
+        for p in range(layout.pp):
+            for t in range(layout.tp):
+                found = find_rank_file(folder, t, p)
+                if found is None:
+                    raise FileNotFoundError(f"NxD rank file missing: {folder} has none of {', '.join(rank_candidates(t, p))}")
+                self.files[(t, p)] = RankFile(found)
         for (t, p), f in self.files.items():
             want, have = expected_names(p, layout, d), {k for k in f.keys() if not any(s in k for s in IGNORED)}
             if want != have:
@@ -132,14 +140,17 @@ def _attention(s: Shards, p: int, i: int) -> dict[str, torch.Tensor]:
     o = [s.get(t, p, f"{a}.o_proj.weight") for t in range(tp)]
     out = {f"{a}.q_proj.weight": torch.cat([q[t] for t in order], 0)}
     if layout.qkv_linear:
-        kv = d.kv_heads  # rank t holds KV head t % kv; ranks 0..kv-1 are the first replica
+        first = {}  # KV head -> the first rank holding it (trn1: ranks 0..kv-1; trn2: every M-th rank)
+        for t in range(tp):
+            first.setdefault(kv_head(t, layout, d), t)
         for name, parts in (("k_proj", k), ("v_proj", v)):
-            for t in range(kv, tp):
-                if not torch.equal(parts[t], parts[t % kv]):
+            for t in range(tp):
+                f = first[kv_head(t, layout, d)]
+                if t != f and not torch.equal(parts[t], parts[f]):
                     log.warning("%s.%s: replica on tp rank %d differs from tp rank %d (max |diff| %.3g); "
-                                "keeping the first replica", a, name, t, t % kv,
-                                (parts[t].float() - parts[t % kv].float()).abs().max().item())
-            out[f"{a}.{name}.weight"] = torch.cat(parts[:kv], 0)
+                                "keeping the first replica", a, name, t, f,
+                                (parts[t].float() - parts[f].float()).abs().max().item())
+            out[f"{a}.{name}.weight"] = torch.cat([parts[first[h]] for h in range(d.kv_heads)], 0)
     else:
         out[f"{a}.k_proj.weight"], out[f"{a}.v_proj.weight"] = torch.cat(k, 0), torch.cat(v, 0)
     out[f"{a}.o_proj.weight"] = torch.cat([o[t] for t in order], 1)
