@@ -11,7 +11,7 @@ except (NeuronConfigError, LayoutError) as exc:
     raise WorkflowError(f"invalid llmpipe config: {exc}") from None
 
 NXD = f"{RUN}/checkpoints/neuron/nxd"  # run_llama_nxd.py --checkpoint_dir: pretrained_weight/, step_<N>/
-NEURON_LAYOUT = [f"neuron.{k}" for k in ("tp", "pp", "vpp", "kv_size_multiplier", "qkv_linear", "fuse_qkv", "coalesce_qkv")]
+NEURON_LAYOUT = [f"neuron.{k}" for k in ("tp", "pp", "vpp", "kv_size_multiplier", "qkv_linear", "fuse_qkv", "coalesce_qkv", "hw_backend")]
 NEURON_RUN = ("results_dir", "model.init_from", "train", "neuron")
 
 

@@ -23,7 +23,7 @@ from llmpipe.backends.neuron import commands
 from tests.conftest import REPO, merge
 
 GOLDEN = REPO / "tests" / "golden" / "neuron"
-PRESETS = ["llama-2-7b-trn1", "llama-3-70b-trn1"]
+PRESETS = ["llama-2-7b-trn1", "llama-3-70b-trn1", "llama-3-70b-trn2"]
 RUN = "results/default"
 # run_llama_nxd.py's argparse (tp/pp family, neuronx-distributed 2.29); it ignores anything else.
 TRAINER_FLAGS = {
@@ -105,7 +105,7 @@ def test_golden_commands_hold_the_batch_arithmetic_and_real_flags(name):
     if zero1:
         valued = {k for k, v in flags.items() if v is not None}
         assert valued <= ZERO1_FLAGS and set(flags) - valued <= ZERO1_SWITCHES, set(flags) - ZERO1_FLAGS - ZERO1_SWITCHES
-        dp = 32 * t["nnodes"] // int(flags["--tensor_parallel_size"])
+        dp = n["cores_per_node"] * t["nnodes"] // int(flags["--tensor_parallel_size"])
         assert dp * int(flags["--batch_size"]) * int(flags["--grad_accum_usteps"]) == t["global_batch_size"]
         assert flags["--loading_step"] == "latest_if_exists" and "--pretrained_weight" in flags
         assert flags["--data_dir"] == f"{RUN}/data/views/hf/train" and flags["--model_path"] == f"{RUN}/checkpoints/init"
@@ -113,7 +113,7 @@ def test_golden_commands_hold_the_batch_arithmetic_and_real_flags(name):
         assert "--pipeline_parallel_size" not in flags and "--min_lr" not in flags
     else:
         assert set(flags) <= TRAINER_FLAGS, set(flags) - TRAINER_FLAGS
-        dp = 32 * t["nnodes"] // (int(flags["--tensor_parallel_size"]) * int(flags["--pipeline_parallel_size"]))
+        dp = n["cores_per_node"] * t["nnodes"] // (int(flags["--tensor_parallel_size"]) * int(flags["--pipeline_parallel_size"]))
         assert dp * int(flags["--train_batch_size"]) == t["global_batch_size"]
         assert int(flags["--num_microbatches"]) * t["micro_batch_size"] == int(flags["--train_batch_size"])
         assert flags["--loading_step"] == "latest_if_exists" and flags["--pretrained_weight"] == "1"
@@ -124,7 +124,8 @@ def test_golden_commands_hold_the_batch_arithmetic_and_real_flags(name):
     srun = shlex.split(train.strip().splitlines()[-1])
     assert srun[:6] == ["srun", "--overlap", "--kill-on-bad-exit=1", f"--nodes={t['nnodes']}",
                         f"--ntasks={t['nnodes']}", "--ntasks-per-node=1"]
-    assert srun[srun.index("--master") + 1] == "trn1-1:44000" and srun[srun.index("--nproc-per-node") + 1] == "32"
+    assert srun[srun.index("--master") + 1] == "trn1-1:44000"
+    assert srun[srun.index("--nproc-per-node") + 1] == str(n["cores_per_node"])
     # precompile: the same command, each node's wrapped in neuron_parallel_compile, steps cut, no saving
     pre = shlex.split(comp.strip().splitlines()[-1])
     assert pre[pre.index("--cpus-per-task=128") + 1] == "neuron_parallel_compile"

@@ -22,6 +22,7 @@ from tests.test_dry_run import NO_NETWORK, OFFLINE_ENV
 EXPECTED = {
     "local": {"train_torch"},
     "slurm-trn1": {"download_model", "neuron_shard", "neuron_precompile", "train_neuron", "neuron_merge"},
+    "slurm-trn2": {"download_model", "neuron_shard", "neuron_precompile", "train_neuron", "neuron_merge"},
     "gpu-colossal": {"train_colossal"},
     "tpu": {"levanter_cache", "levanter_config", "train_levanter"},
     "sagemaker": {"sagemaker_upload", "train_sagemaker"},
@@ -164,7 +165,7 @@ def layered_config(profile: str, **user) -> dict:
 
 
 @pytest.mark.parametrize("profile, preset", [("slurm-trn1", None), ("slurm-trn1", "llama-3-70b-trn1"),
-                                             ("gpu-colossal", None)])
+                                             ("slurm-trn2", None), ("gpu-colossal", None)])
 def test_plan_prices_the_layout_training_runs(profile, preset):
     cfg = layered_config(profile, **({"preset": preset} if preset else {}))
     plan = build(cfg, allow_unknown_data=True)
