@@ -62,7 +62,7 @@ def wrong_values(s: dict):
         cands += [st.lists(st.integers(), max_size=2)]
     if "object" not in types:  # free-form objects (levanter.extra) take any keys
         cands += [st.dictionaries(st.sampled_from(["a", "b"]), st.integers(), min_size=1, max_size=1)]
-    if "null" not in types:
+    if "null" not in types and None not in s.get("enum", ()):  # plan.zero: enum [0, 1, 2, 3, null]
         cands += [st.none()]
     return st.one_of(cands)
 
