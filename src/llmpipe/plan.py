@@ -510,9 +510,13 @@ def build(cfg: dict, view: Path | None = None, store: Path | None = None, model:
         data = data_from_view(Path(view), cfg["train"]["seq_len"])
     elif store is not None:
         data = data_from_store(Path(store), cfg)
-    elif allow_unknown_data and cfg["tokenizer"]["source"] != "train" and (tok_dir is None or not Path(tok_dir).is_dir()):
-        data = {"source": f"tokenizer {cfg['tokenizer']['source']} not available yet; steps from the config",
-                "train_rows": None, "tokens_per_epoch": None, "val_tokens": None}
+    elif cfg["tokenizer"]["source"] != "train" and (tok_dir is None or not Path(tok_dir).is_dir()):
+        # another tokenizer would give another count: plan the configured steps, data size unknown
+        why = f"tokenizer {cfg['tokenizer']['source']} not available yet (run the tokenizer stage for a count)"
+        if not allow_unknown_data:
+            raise ValueError(why)
+        data = {"source": why + "; steps from the config", "train_rows": None, "tokens_per_epoch": None,
+                "val_tokens": None}
     else:
         from llmpipe.plan_tokens import estimate as estimate_tokens
 
@@ -548,7 +552,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     try:
         cfg = load_configs(args.config)
-        plan = build(cfg, args.view, args.store, args.model, args.estimate)
+        plan = build(cfg, args.view, args.store, args.model, args.estimate, allow_unknown_data=True)
     except (cfgmod.ConfigError, ValueError, FileNotFoundError) as exc:
         raise SystemExit(f"llmpipe plan: {exc}") from None
     text = markdown(plan)
