@@ -1,6 +1,7 @@
 # Config layers and validation (before any job), run paths, backend selection, the llmpipe command.
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -34,7 +35,9 @@ if not Path(workflow.basedir, "rules", f"train_{BACKEND}.smk").is_file() or BACK
 SHARDS = [f"{i:05d}" for i in range(config["data"]["num_shards"])]
 VIEWS = config["data"]["views"]
 # Every job runs `python -m llmpipe` from this checkout (no install needed inside conda envs).
-shell.prefix(f"set -euo pipefail; export PYTHONPATH={Path(workflow.basedir) / 'src'}${{{{PYTHONPATH:+:$PYTHONPATH}}}}; ")
+# Paths and config values reach the shell only quoted (`:q` in every rule, shlex.quote here).
+SRC = shlex.quote(str(Path(workflow.basedir) / "src"))
+shell.prefix(f"set -euo pipefail; export PYTHONPATH={SRC}${{{{PYTHONPATH:+:$PYTHONPATH}}}}; ")
 
 
 def cfg_json(*keys):
@@ -108,7 +111,8 @@ def launch_prefix(python="python"):
     started with `python` (a backend environment's interpreter runs the launcher and what it starts)."""
     t = config["train"]
     resume = " --auto-resume" if t["slurm_auto_resume"] else ""  # HyperPod: srun --auto-resume=1
-    return f"{python} -m llmpipe launch --nproc-per-node {t['nproc']} --nnodes {t['nnodes']} --launcher {t['launcher']}{resume}"
+    return (f"{shlex.quote(python)} -m llmpipe launch --nproc-per-node {t['nproc']} --nnodes {t['nnodes']}"
+            f" --launcher {t['launcher']}{resume}")
 
 
 def colossal_launch():
@@ -116,12 +120,12 @@ def colossal_launch():
     ColossalAI env's interpreter (so torchrun and srun's per-node launch start that interpreter), or
     `colossalai run --hostfile` (colossal.launcher: colossalai), which starts `torchrun` from PATH."""
     c, t = config["colossal"], config["train"]
-    py = c["python"]
+    py = shlex.quote(c["python"])
     if c["launcher"] == "colossalai":
-        hosts = f" --hostfile {c['hostfile']}" if c["hostfile"] else ""
+        hosts = f" --hostfile {shlex.quote(c['hostfile'])}" if c["hostfile"] else ""
         return (f'bin=$({py} -c "import os, sys; print(os.path.dirname(sys.executable))"); PATH=$bin:$PATH'
                 f" $bin/colossalai run --nproc_per_node {t['nproc']}{hosts} --master_port {c['master_port']} -m")
-    return launch_prefix(py) + " -- -m"
+    return launch_prefix(c["python"]) + " -- -m"
 
 
 def train_resources():

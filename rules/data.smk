@@ -14,7 +14,7 @@ rule get_data:
     conda:
         "../envs/torch.yaml"
     shell:
-        "python -m llmpipe get-data --config {params.cfg:q} --out {output} > {log} 2>&1"
+        "python -m llmpipe get-data --config {params.cfg:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule tokenizer:
@@ -26,14 +26,14 @@ rule tokenizer:
     params:
         cfg=cfg_json("data", "tokenizer", "hub.cache_dir", "hub.endpoint"),
         sources=lambda wildcards, input: (
-            f"--sources {input[0]}" if config["tokenizer"]["source"] == "train" else ""
+            ["--sources", input[0]] if config["tokenizer"]["source"] == "train" else []
         ),
     log:
         f"{RUN}/logs/tokenizer.log",
     conda:
         "../envs/torch.yaml"
     shell:
-        "python -m llmpipe tokenizer --config {params.cfg:q} {params.sources} --out {output} > {log} 2>&1"
+        "python -m llmpipe tokenizer --config {params.cfg:q} {params.sources:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule tokenize:
@@ -50,8 +50,8 @@ rule tokenize:
     conda:
         "../envs/torch.yaml"
     shell:
-        "python -m llmpipe tokenize --config {params.cfg:q} --sources {input.sources} --shard {wildcards.index}"
-        " --tokenizer {input.tokenizer} --threads {threads} --out {output} > {log} 2>&1"
+        "python -m llmpipe tokenize --config {params.cfg:q} --sources {input.sources:q} --shard {wildcards.index:q}"
+        " --tokenizer {input.tokenizer:q} --threads {threads} --out {output:q} > {log:q} 2>&1"
 
 
 rule token_store:
@@ -65,7 +65,7 @@ rule token_store:
     conda:
         "../envs/torch.yaml"
     shell:
-        "python -m llmpipe token-store --shards {input.shards} --sources {input.sources} --out {output} > {log} 2>&1"
+        "python -m llmpipe token-store --shards {input.shards:q} --sources {input.sources:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule pack_view:
@@ -83,8 +83,8 @@ rule pack_view:
     conda:
         "../envs/torch.yaml"
     shell:
-        "python -m llmpipe pack --config {params.cfg:q} --store {input.store} --format {wildcards.fmt}"
-        " --tokenizer {input.tokenizer} --out {output} > {log} 2>&1"
+        "python -m llmpipe pack --config {params.cfg:q} --store {input.store:q} --format {wildcards.fmt:q}"
+        " --tokenizer {input.tokenizer:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule verify_data:
@@ -103,6 +103,6 @@ rule verify_data:
     conda:
         "../envs/torch.yaml"
     shell:
-        "python -m llmpipe verify --config {params.cfg:q} --store {input.store} --views {input.views}"
-        " --tokenizer {input.tokenizer} --sources {input.sources} --sample {params.sample} --out {output}"
-        " > {log} 2>&1"
+        "python -m llmpipe verify --config {params.cfg:q} --store {input.store:q} --views {input.views:q}"
+        " --tokenizer {input.tokenizer:q} --sources {input.sources:q} --sample {params.sample:q} --out {output:q}"
+        " > {log:q} 2>&1"

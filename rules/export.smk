@@ -14,8 +14,8 @@ rule export_hf:
     conda:
         "../envs/torch.yaml"
     shell:
-        "python -m llmpipe export --config {params.cfg:q} --trained {input.trained} --tokenizer {input.tokenizer}"
-        " --out {output} > {log} 2>&1"
+        "python -m llmpipe export --config {params.cfg:q} --trained {input.trained:q} --tokenizer {input.tokenizer:q}"
+        " --out {output:q} > {log:q} 2>&1"
 
 
 rule evaluate:
@@ -32,5 +32,5 @@ rule evaluate:
     conda:
         "../envs/torch.yaml"
     shell:
-        "python -m llmpipe evaluate --config {params.cfg:q} --model {input.model} --data {input.data}"
-        " --threads {threads} --out {output} > {log} 2>&1"
+        "python -m llmpipe evaluate --config {params.cfg:q} --model {input.model:q} --data {input.data:q}"
+        " --threads {threads} --out {output:q} > {log:q} 2>&1"

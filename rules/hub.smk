@@ -19,7 +19,7 @@ rule download_model:
     conda:
         "../envs/torch.yaml"
     shell:
-        "python -m llmpipe download-model --config {params.cfg:q} --out {output} > {log} 2>&1"
+        "python -m llmpipe download-model --config {params.cfg:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule download_dataset:
@@ -35,7 +35,7 @@ rule download_dataset:
     conda:
         "../envs/torch.yaml"
     shell:
-        "python -m llmpipe download-dataset --config {params.cfg:q} --name {wildcards.name} --out {output} > {log} 2>&1"
+        "python -m llmpipe download-dataset --config {params.cfg:q} --name {wildcards.name:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule model_card:
@@ -52,15 +52,15 @@ rule model_card:
     params:
         cfg=cfg_json(*sorted(config)),  # the card states the whole config
         metrics=f"{RUN}/train/metrics.jsonl",
-        base=lambda wildcards, input: f"--base {input.base[0]}" if input.base else "",
+        base=lambda wildcards, input: ["--base", input.base[0]] if input.base else [],
     log:
         f"{RUN}/logs/model_card.log",
     conda:
         "../envs/torch.yaml"
     shell:
-        "python -m llmpipe model-card --config {params.cfg:q} --hf {input.hf} --manifest {input.manifest}"
-        " --sources {input.sources} --metrics {params.metrics} --eval {input.eval}"
-        " --summary {input.trained}/train_summary.json --data-view {input.view} {params.base} --out {output} > {log} 2>&1"
+        "python -m llmpipe model-card --config {params.cfg:q} --hf {input.hf:q} --manifest {input.manifest:q}"
+        " --sources {input.sources:q} --metrics {params.metrics:q} --eval {input.eval:q}"
+        " --summary {input.trained:q}/train_summary.json --data-view {input.view:q} {params.base:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule release:
@@ -76,4 +76,4 @@ rule release:
     conda:
         "../envs/torch.yaml"
     shell:
-        "python -m llmpipe release --config {params.cfg:q} --folder {input} --out {output} > {log} 2>&1"
+        "python -m llmpipe release --config {params.cfg:q} --folder {input:q} --out {output:q} > {log:q} 2>&1"

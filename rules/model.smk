@@ -14,4 +14,4 @@ rule init_model:
     conda:
         "../envs/torch.yaml"
     shell:
-        "python -m llmpipe init-model --config {params.cfg:q} --tokenizer {input.tokenizer} --out {output} > {log} 2>&1"
+        "python -m llmpipe init-model --config {params.cfg:q} --tokenizer {input.tokenizer:q} --out {output:q} > {log:q} 2>&1"

@@ -19,5 +19,5 @@ rule plan:
     conda:
         "../envs/torch.yaml"
     shell:
-        "python -m llmpipe plan --config {params.cfg:q} --view {input.view} --model {input.init}"
-        " --out {output.json} --markdown {output.md} > {log} 2>&1"
+        "python -m llmpipe plan --config {params.cfg:q} --view {input.view:q} --model {input.init:q}"
+        " --out {output.json:q} --markdown {output.md:q} > {log:q} 2>&1"

@@ -22,5 +22,5 @@ rule report_items:
     conda:
         "../envs/torch.yaml"
     shell:
-        "python -m llmpipe report --metrics {params.metrics} --stats {input.stats} --plan {input.plan}"
-        " --eval {input.eval} --out {params.out} > {log} 2>&1"
+        "python -m llmpipe report --metrics {params.metrics:q} --stats {input.stats:q} --plan {input.plan:q}"
+        " --eval {input.eval:q} --out {params.out:q} > {log:q} 2>&1"

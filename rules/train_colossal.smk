@@ -34,7 +34,7 @@ rule train_colossal:
         "../envs/colossal.yaml"
     shell:
         # The config goes through a file: `colossalai run` joins arguments into one shell line.
-        "mkdir -p $(dirname {params.cfg_file}) && printf '%s' {params.cfg:q} > {params.cfg_file} && "
-        "{params.launch} llmpipe train-colossal --config {params.cfg_file} --init {input.init} --data {input.data}"
-        " --tokenizer {input.tokenizer} --checkpoints {params.checkpoints} --metrics {params.metrics} --out {output}"
-        " > {log} 2>&1"
+        "mkdir -p $(dirname {params.cfg_file:q}) && printf '%s' {params.cfg:q} > {params.cfg_file:q} && "
+        "{params.launch} llmpipe train-colossal --config {params.cfg_file:q} --init {input.init:q} --data {input.data:q}"
+        " --tokenizer {input.tokenizer:q} --checkpoints {params.checkpoints:q} --metrics {params.metrics:q} --out {output:q}"
+        " > {log:q} 2>&1"

@@ -18,7 +18,7 @@ rule levanter_cache:
     conda:
         "../envs/levanter.yaml"
     shell:
-        "{params.python} -m llmpipe levanter-cache --store {input.store} --out {output} > {log} 2>&1"
+        "{params.python:q} -m llmpipe levanter-cache --store {input.store:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule levanter_config:
@@ -37,8 +37,8 @@ rule levanter_config:
     conda:
         "../envs/levanter.yaml"
     shell:
-        "{params.python} -m llmpipe levanter-config --config {params.cfg:q} --cache {input.cache}"
-        " --tokenizer {input.tokenizer} --init {input.init} --output {params.output} --out {output} > {log} 2>&1"
+        "{params.python:q} -m llmpipe levanter-config --config {params.cfg:q} --cache {input.cache:q}"
+        " --tokenizer {input.tokenizer:q} --init {input.init:q} --output {params.output:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule train_levanter:
@@ -59,5 +59,5 @@ rule train_levanter:
     conda:
         "../envs/levanter.yaml"
     shell:
-        "{params.python} -m llmpipe levanter-train --levanter-config {input.config}/config.yaml --out {output}"
-        " --metrics {params.metrics} --jax-platforms {params.platforms:q} > {log} 2>&1"
+        "{params.python:q} -m llmpipe levanter-train --levanter-config {input.config:q}/config.yaml --out {output:q}"
+        " --metrics {params.metrics:q} --jax-platforms {params.platforms:q} > {log:q} 2>&1"

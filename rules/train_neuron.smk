@@ -28,7 +28,7 @@ rule neuron_shard:
     conda:
         "../envs/torch.yaml"
     shell:
-        "python -m llmpipe neuron-shard --model {input.init} --out {params.ckpt} --layout {params.layout:q} > {log} 2>&1"
+        "python -m llmpipe neuron-shard --model {input.init:q} --out {params.ckpt:q} --layout {params.layout:q} > {log:q} 2>&1"
 
 
 # Same nodes, flags and compile cache as train_neuron; the marker records the cache and the compiler
@@ -52,8 +52,8 @@ rule neuron_precompile:
     conda:
         "../envs/torch.yaml"
     shell:
-        "python -m llmpipe neuron-precompile --config {params.cfg:q} --init {input.init} --data {input.data}"
-        " --checkpoint-dir {params.ckpt} --metrics {params.metrics} --tb-dir {params.tb} --out {output} > {log} 2>&1"
+        "python -m llmpipe neuron-precompile --config {params.cfg:q} --init {input.init:q} --data {input.data:q}"
+        " --checkpoint-dir {params.ckpt:q} --metrics {params.metrics:q} --tb-dir {params.tb:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule train_neuron:
@@ -76,8 +76,8 @@ rule train_neuron:
     conda:
         "../envs/torch.yaml"
     shell:
-        "python -m llmpipe neuron-train --config {params.cfg:q} --init {input.init} --data {input.data}"
-        " --checkpoint-dir {params.ckpt} --metrics {params.metrics} --tb-dir {params.tb} --out {output} > {log} 2>&1"
+        "python -m llmpipe neuron-train --config {params.cfg:q} --init {input.init:q} --data {input.data:q}"
+        " --checkpoint-dir {params.ckpt:q} --metrics {params.metrics:q} --tb-dir {params.tb:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule neuron_merge:
@@ -94,5 +94,5 @@ rule neuron_merge:
     conda:
         "../envs/torch.yaml"
     shell:
-        "python -m llmpipe neuron-merge --checkpoint-dir {params.ckpt} --tokenizer {input.tokenizer} --step latest"
-        " --dtype bfloat16 --out {output} > {log} 2>&1"
+        "python -m llmpipe neuron-merge --checkpoint-dir {params.ckpt:q} --tokenizer {input.tokenizer:q} --step latest"
+        " --dtype bfloat16 --out {output:q} > {log:q} 2>&1"

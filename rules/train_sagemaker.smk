@@ -20,14 +20,14 @@ rule sagemaker_upload:
         f"{RUN}/sagemaker/inputs.json",
     params:
         cfg=cfg_json("run", "data.views", "sagemaker"),
-        init=lambda wildcards, input: f"--init {input.init}" if input.init else "",
+        init=lambda wildcards, input: ["--init", input.init] if input.init else [],
     log:
         f"{RUN}/logs/sagemaker_upload.log",
     conda:
         "../envs/sagemaker.yaml"
     shell:
-        "python -m llmpipe sagemaker-upload --config {params.cfg:q} --view {input.view} {params.init}"
-        " --out {output} > {log} 2>&1"
+        "python -m llmpipe sagemaker-upload --config {params.cfg:q} --view {input.view:q} {params.init:q}"
+        " --out {output:q} > {log:q} 2>&1"
 
 
 rule train_sagemaker:
@@ -43,5 +43,5 @@ rule train_sagemaker:
     conda:
         "../envs/sagemaker.yaml"
     shell:
-        "python -m llmpipe sagemaker-train --config {params.cfg:q} --inputs {input.inputs}"
-        " --metrics {params.metrics} --out {output} > {log} 2>&1"
+        "python -m llmpipe sagemaker-train --config {params.cfg:q} --inputs {input.inputs:q}"
+        " --metrics {params.metrics:q} --out {output:q} > {log:q} 2>&1"

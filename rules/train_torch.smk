@@ -23,5 +23,5 @@ rule train_torch:
         "../envs/torch.yaml"
     shell:
         "{params.launch} -- -m llmpipe train"
-        " --config {params.cfg:q} --init {input.init} --data {input.data} --checkpoints {params.checkpoints}"
-        " --metrics {params.metrics} --out {output} > {log} 2>&1"
+        " --config {params.cfg:q} --init {input.init:q} --data {input.data:q} --checkpoints {params.checkpoints:q}"
+        " --metrics {params.metrics:q} --out {output:q} > {log:q} 2>&1"

@@ -153,6 +153,10 @@ def _cross_checks(config: dict) -> list[str]:
                        f" colossal.launcher llmpipe); train.backend is {train['backend']!r}")
         elif train["launcher"] == "local":
             out.append("'train.slurm_auto_resume' needs srun, but 'train.launcher' is local")
+    if (train["backend"] == "colossal" and config["colossal"]["launcher"] == "colossalai"
+            and re.search(r"[^\w./+:-]", config["results_dir"])):
+        out.append(f"'results_dir' ({config['results_dir']!r}) has characters `colossalai run` would pass through a shell "
+                   "unquoted (it joins its arguments into one command line): use colossal.launcher llmpipe, or a plain path")
     if model["init_from"] is None and config["tokenizer"]["source"] == "base":
         out.append("'tokenizer.source' is 'base' (the base model's tokenizer) but 'model.init_from' is not set")
     return out
