@@ -11,6 +11,7 @@ from llmpipe import backends, profiles
 from llmpipe.config import ConfigError, validate
 from llmpipe.data.mixture import paths as source_paths
 from llmpipe.data.readers import HF_PREFIX
+from llmpipe.data.tokenizer import TOKENIZER_FILES
 from llmpipe.hub import is_hub_ref
 from llmpipe.data.sources import expand_sources
 
@@ -69,7 +70,9 @@ def tokenizer_inputs(wildcards):
         return [HUB_BASE]
     if is_hub_ref(config["tokenizer"]["source"]):  # downloaded by the job itself
         return []
-    return [f"{config['tokenizer']['source']}/tokenizer.json"]
+    # every file the copy reads (tokenizer_config.json holds the EOS token): an edit reruns the tokenizer
+    return [f"{config['tokenizer']['source']}/{name}" for name in TOKENIZER_FILES
+            if Path(config["tokenizer"]["source"], name).is_file()] or [f"{config['tokenizer']['source']}/tokenizer.json"]
 
 
 # Hub inputs (rules/hub.smk): a Hub id in model.init_from is downloaded to HUB_BASE first; hub.datasets
@@ -102,8 +105,10 @@ def base_model_files(wildcards):
         return []
     if is_hub_ref(base):
         return [HUB_BASE]
-    weights = sorted(str(p) for p in Path(base).glob("*.safetensors")) or sorted(str(p) for p in Path(base).glob("*.bin"))
-    return [f"{base}/config.json", *weights]
+    # every file from_pretrained reads: config, generation config, weights and their index (not tokenizer files)
+    patterns = ("generation_config.json", "*.safetensors", "*.safetensors.index.json", "*.bin", "*.bin.index.json")
+    files = sorted({str(p) for pat in patterns for p in Path(base).glob(pat) if p.is_file()})
+    return [f"{base}/config.json", *files]
 
 
 def launch_prefix(python="python"):

@@ -1,0 +1,88 @@
+"""Every file a stage reads is a declared input: editing a local tokenizer's tokenizer_config.json (where
+the EOS token comes from) reruns the tokenizer and what follows it; editing a local base model's
+generation_config.json or weights reruns init and what follows, not the data stages; an unrelated file
+in those folders reruns nothing; a colossal hostfile and a plan hardware file are inputs of their jobs."""
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+
+from tests.conftest import GPT2, REPO, REPO_IGNORE, corpus_docs, write_jsonl
+
+
+def jobs(out: str) -> set[str]:
+    return set(re.findall(r"^(?:local)?rule (\w+):", out, re.M))
+
+
+@pytest.fixture(scope="module")
+def done_run(tmp_path_factory):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tmp = tmp_path_factory.mktemp("inputs")
+    work = tmp / "repo"
+    shutil.copytree(REPO, work, ignore=REPO_IGNORE, symlinks=True)
+    write_jsonl(work / "corpus.jsonl", corpus_docs(30))
+    shutil.copytree(GPT2, work / "tok")
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=50304, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                 num_attention_heads=4, num_key_value_heads=2)).save_pretrained(work / "base")
+    (work / "base" / "README.md").write_text("a base model\n")
+    cfg = {"data": {"sources": ["corpus.jsonl"], "num_shards": 1, "val_fraction": 0.1},
+           "tokenizer": {"source": "tok"}, "model": {"init_from": "base"}, "train": {"seq_len": 64}}
+    (work / "c.yaml").write_text(yaml.safe_dump(cfg))
+    targets = ["results/default/checkpoints/init", "results/default/data/stats.json"]
+
+    def snakemake(*args):
+        return subprocess.run([sys.executable, "-m", "snakemake", *targets, *args, "--profile", "local",
+                               "--configfile", "c.yaml"], cwd=work, capture_output=True, text=True, timeout=600)
+
+    proc = snakemake()
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return work, snakemake
+
+
+def edit_json(path, key):
+    data = json.loads(path.read_text())
+    data[key] = "edited"
+    path.write_text(json.dumps(data))
+
+
+def test_tokenizer_config_edit_reruns_the_tokenizer_and_what_follows(done_run):
+    work, snakemake = done_run
+    edit_json(work / "tok" / "tokenizer_config.json", "llmpipe_test")
+    planned = jobs(snakemake("-n").stdout)
+    assert {"tokenizer", "tokenize", "token_store", "pack_view", "verify_data", "init_model"} <= planned
+    assert "get_data" not in planned
+    assert snakemake("--touch").returncode == 0
+
+
+def test_base_model_files_rerun_init_only(done_run):
+    work, snakemake = done_run
+    edit_json(work / "base" / "generation_config.json", "llmpipe_test")
+    assert jobs(snakemake("-n").stdout) == {"init_model"}
+    assert snakemake("--touch").returncode == 0
+    (work / "base" / "README.md").write_text("edited\n")  # not read by any stage
+    assert "Nothing to be done" in (lambda p: p.stdout + p.stderr)(snakemake("-n"))
+
+
+@pytest.mark.parametrize("section, key, rule", [("colossal", "hostfile", "train_colossal"), ("plan", "hardware_file", "plan")])
+def test_hostfile_and_hardware_file_are_inputs(tmp_path, section, key, rule):
+    path = tmp_path / f"{key}.txt"
+    path.write_text("localhost\n" if key == "hostfile" else "trn1.32xlarge: {price_per_hour: 20.0}\n")
+    over = {section: {key: str(path)}}
+    if section == "colossal":
+        over["colossal"].update(launcher="colossalai")
+        over["train"] = {"backend": "colossal"}
+    (tmp_path / "o.yaml").write_text(yaml.safe_dump(over))
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--profile", "local", "--configfile",
+                           str(tmp_path / "o.yaml"), "--config", f"results_dir={tmp_path}/r"], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    block = proc.stdout[proc.stdout.index(f"rule {rule}:"):].split("\n\n")[0]
+    assert str(path) in re.search(r"input: (.*)", block).group(1)
