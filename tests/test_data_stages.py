@@ -314,3 +314,22 @@ def test_s3_sources_through_a_local_moto_server(tmp_path, monkeypatch):
             assert got[(src << 40) | rec][1] == tok(text)["input_ids"] + [50256]
     finally:
         server.stop()
+
+
+def test_more_shards_than_documents_pack_and_verify(tmp_path):
+    """40 tokenize shards for 12 documents: most shards are empty; every view packs and verify proves
+    the tokens conserved, with the same documents as one shard holds."""
+    from tests.conftest import prepare, tiny_config, write_jsonl
+
+    stores = {}
+    for n in (1, 40):
+        root = tmp_path / f"s{n}"
+        root.mkdir()
+        write_jsonl(root / "corpus.jsonl", corpus_docs(12))
+        out = prepare(root, tiny_config(root, data={"num_shards": n}), views=("hf", "litgpt", "megatron"))
+        stats = verify(out["manifest"], [root / "hf", root / "litgpt", root / "megatron"], out["tokenizer"],
+                       root / "sources.json", out["cfg"]["data"], root / "stats.json")
+        manifest = json.loads(out["manifest"].read_text())
+        assert sum(1 for s in manifest["shards"] if s["counts"]["train"]["documents"] == 0) >= (40 - 12 if n == 40 else 0)
+        stores[n] = (manifest["totals"], stats["views"]["hf"]["conservation"]["train"]["tokens_checked"])
+    assert stores[1] == stores[40]

@@ -90,7 +90,8 @@ class SplitStream:
         parts, i = [], int(np.searchsorted(self.starts, a, side="right") - 1)
         while a < b:
             lo, hi = a - self.starts[i], min(b, self.starts[i + 1]) - self.starts[i]
-            parts.append(self._slices[i][int(lo):int(hi)].astype(np.int64))
+            if hi > lo:  # an empty shard (more shards than documents) holds nothing to slice
+                parts.append(self._slices[i][int(lo):int(hi)].astype(np.int64))
             a = int(self.starts[i] + hi)
             i += 1
         return np.concatenate(parts) if parts else np.zeros(0, np.int64)
