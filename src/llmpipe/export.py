@@ -24,6 +24,10 @@ def export(trained: str | Path, tokenizer_dir: str | Path, out_dir: str | Path, 
     model = AutoModelForCausalLM.from_pretrained(str(trained), dtype=torch.float32, trust_remote_code=False)
     model = model.to(DTYPES[dtype])
     tok = load_tokenizer(tokenizer_dir)
+    bad = [name for name, t in model.state_dict().items() if t.is_floating_point() and not torch.isfinite(t).all()]
+    if bad:
+        raise SystemExit(f"llmpipe export: {trained} has non-finite weights in {', '.join(bad[:5])}"
+                         f"{f' (+{len(bad) - 5} more)' if len(bad) > 5 else ''}: refusing to export a damaged model")
     if model.get_input_embeddings().weight.shape[0] < len(tok):
         raise ValueError(f"{trained}: fewer embedding rows than tokenizer entries ({len(tok)})")
     with atomic_path(out_dir) as tmp:

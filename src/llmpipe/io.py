@@ -6,6 +6,7 @@ import contextlib
 import glob
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -67,9 +68,34 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
+def finite(data, where: str = "") -> tuple[object, list[str]]:
+    """`data` with every NaN / Infinity float replaced by None, and the dotted paths where that happened."""
+    if isinstance(data, float) and not math.isfinite(data):
+        return None, [where or "<value>"]
+    if isinstance(data, dict):
+        out, bad = {}, []
+        for k, v in data.items():
+            out[k], b = finite(v, f"{where}.{k}" if where else str(k))
+            bad += b
+        return out, bad
+    if isinstance(data, (list, tuple)):
+        pairs = [finite(v, f"{where}[{i}]") for i, v in enumerate(data)]
+        return [v for v, _ in pairs], [x for _, b in pairs for x in b]
+    return data, []
+
+
+def dumps(data, **kwargs) -> str:
+    """Strict JSON (no bare NaN / Infinity, which strict parsers reject): non-finite numbers become null
+    and a mapping lists them under "nonfinite"."""
+    clean, bad = finite(data)
+    if bad and isinstance(clean, dict):
+        clean["nonfinite"] = bad
+    return json.dumps(clean, allow_nan=False, **kwargs)
+
+
 def write_json(path: str | Path, data) -> None:
     with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        tmp.write_text(dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def sha256_file(path: str | Path) -> str:

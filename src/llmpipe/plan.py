@@ -295,6 +295,10 @@ def make_plan(cfg: dict, shape: Shape, n_params: int, data: dict, hardware: dict
                         "backend trains train.max_steps; apply the plan's overlay (llmpipe plan --overlay FILE)")
     if sched["warmup_steps"] >= sched["steps"]:
         warnings.append(f"warmup ({sched['warmup_steps']} steps) is not shorter than the run ({sched['steps']} steps)")
+    rows = data["train_rows"]
+    if rows is not None and sched["global_batch_size"] > rows:
+        warnings.append(f"train.global_batch_size {sched['global_batch_size']} exceeds the {rows} train rows: every step "
+                        f"repeats rows ({sched['global_batch_size'] / rows:.2f} epochs per step)")
     if sched["epochs"] is not None and sched["epochs"] > MANY_EPOCHS:
         warnings.append(f"{sched['epochs']:.3g} epochs: the data is repeated more than {MANY_EPOCHS:g} times")
     for key, v in what_if.items():

@@ -41,6 +41,7 @@ from llmpipe.backends.torch.checkpoint import complete_steps, step_dir
 from llmpipe.io import write_json
 from llmpipe.train.batching import Sampler, grad_accum_steps
 from llmpipe.train.schedule import lr_at
+from llmpipe.io import dumps as io_dumps
 
 log = logging.getLogger(__name__)
 # bitsandbytes (imported by colossalai.nn through galore_torch) logs a warning about an optional CPU kernel.
@@ -490,7 +491,7 @@ class Metrics:
     def write(self, record: dict) -> None:
         if self.enabled:
             with self.path.open("a") as fh:
-                fh.write(json.dumps(record) + "\n")
+                fh.write(io_dumps(record) + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -29,6 +29,7 @@ import yaml
 
 from llmpipe.backends.levanter import require_levanter
 from llmpipe.io import atomic_path, write_json
+from llmpipe.io import dumps as io_dumps
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ class Metrics:
             if self.train_sequences:
                 r["epoch"] = r["step"] * self.per_step / self.train_sequences
         with atomic_path(self.path) as tmp:
-            tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in recs))
+            tmp.write_text("".join(io_dumps(r, sort_keys=True) + "\n" for r in recs))
         self._written = time.monotonic()
 
 

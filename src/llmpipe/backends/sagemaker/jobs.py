@@ -33,6 +33,7 @@ from llmpipe.backends.sagemaker.hyperparameters import (algorithm_hyperparameter
 from llmpipe.backends.sagemaker.upload import ENTRY_SCRIPT
 from llmpipe.backends.sagemaker.validate import check_request
 from llmpipe.io import atomic_path, write_json
+from llmpipe.io import dumps as io_dumps
 
 log = logging.getLogger(__name__)
 
@@ -342,7 +343,7 @@ def train(cfg: dict, inputs_path: str | Path, out: str | Path, metrics_path: str
                    "checkpoints": request["CheckpointConfig"]["S3Uri"], "mode": sm["mode"]}
             write_json(tmp_out / "sagemaker_job.json", job)
     with atomic_path(metrics_path) as tmp_m:
-        tmp_m.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
+        tmp_m.write_text("".join(io_dumps(r, sort_keys=True) + "\n" for r in records))
     if not records:
         log.warning("no per-step metrics: none in the output and no log line matched sagemaker.loss_regex")
     log.info("%s %s -> %s (%s format, %d metric records)", name, desc["TrainingJobStatus"], out, fmt, len(records))

@@ -25,6 +25,7 @@ from llmpipe.io import atomic_path, write_json
 from llmpipe.train.batching import Sampler, grad_accum_steps
 from llmpipe.train.loss import dataset_loss, lm_loss_sum
 from llmpipe.train.schedule import lr_at
+from llmpipe.io import dumps as io_dumps
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +130,7 @@ class Metrics:
         if not self.enabled:
             return
         with self.path.open("a") as fh:
-            fh.write(json.dumps(record) + "\n")
+            fh.write(io_dumps(record) + "\n")
         if self.tb:
             for key, value in record.items():
                 if key != "step" and isinstance(value, (int, float)):
@@ -154,6 +155,10 @@ def train(cfg: dict, init_dir, data_dir, ckpt_root, metrics_path, out_dir, stop_
     val_ds = datasets.load_from_disk(str(data_dir / "val")).with_format("torch")
     if len(train_ds[0]["input_ids"]) != t["seq_len"]:
         raise ValueError(f"view {data_dir} has rows of {len(train_ds[0]['input_ids'])} tokens, train.seq_len is {t['seq_len']}")
+    if t["global_batch_size"] > len(train_ds):
+        log.warning("train.global_batch_size %d exceeds the %d train rows: every step repeats rows (%.2f epochs per "
+                    "step); use more data or a smaller batch", t["global_batch_size"], len(train_ds),
+                    t["global_batch_size"] / len(train_ds))
     sampler = Sampler(len(train_ds), t["seed"])
 
     torch.manual_seed(t["seed"])
