@@ -13,6 +13,7 @@ from llmpipe.data.mixture import paths as source_paths
 from llmpipe.data.readers import HF_PREFIX
 from llmpipe.data.tokenizer import TOKENIZER_FILES
 from llmpipe.hub import is_hub_ref
+from llmpipe.train.resume import changed_settings
 from llmpipe.data.sources import expand_sources
 
 # defaults < preset < the profile's llmpipe.yaml < your --configfile / --config (llmpipe/profiles.py)
@@ -33,6 +34,10 @@ if not Path(workflow.basedir, "rules", f"train_{BACKEND}.smk").is_file() or BACK
     raise WorkflowError(
         f"unknown train.backend {BACKEND!r}; available: {', '.join(backends.available())}"
     )
+if BACKEND in ("torch", "colossal"):  # before Snakemake deletes the old model to train again
+    _changed = changed_settings(config, Path(RUN) / "checkpoints" / BACKEND, config["run"])
+    if _changed:
+        raise WorkflowError(_changed)
 SHARDS = [f"{i:05d}" for i in range(config["data"]["num_shards"])]
 VIEWS = config["data"]["views"]
 # Every job runs `python -m llmpipe` from this checkout (no install needed inside conda envs).

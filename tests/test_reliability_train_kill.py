@@ -68,7 +68,8 @@ def check_after_kill(out, setup):
     for step in steps:
         path = ckpt.step_dir(root, step)
         assert set(os.listdir(path)) == {"model.safetensors", "optimizer.pt", "scheduler.pt", "rng.pt",
-                                          "trainer_state.json", "done"}
+                                          "trainer_state.json", "checksums.json", "done"}
+        assert ckpt.damaged(path) == []  # sealed: every file matches its recorded sha256
         load_file(str(path / "model.safetensors"))
         for name in ("optimizer.pt", "scheduler.pt", "rng.pt"):
             torch.load(path / name, weights_only=True)

@@ -37,9 +37,11 @@ import torch.distributed as dist
 
 from llmpipe import config as cfgmod
 from llmpipe.backends.colossal.collate import collate
-from llmpipe.backends.torch.checkpoint import complete_steps, step_dir
+from llmpipe.backends.torch.checkpoint import CheckpointError, complete_steps, newest_intact, seal, step_dir
 from llmpipe.io import write_json
 from llmpipe.train.batching import Sampler, grad_accum_steps
+from llmpipe.train.resume import RESUME_NEUTRAL
+from llmpipe.train.guard import NonFiniteError, NonFiniteGuard
 from llmpipe.train.schedule import lr_at
 from llmpipe.io import dumps as io_dumps
 
@@ -51,8 +53,6 @@ os.environ.setdefault("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "1")
 
 IGNORE_INDEX = -100
 # Keys that may change between a checkpoint and its resume.
-RESUME_NEUTRAL = {"nproc", "nnodes", "launcher", "threads", "log_interval", "save_interval", "eval_interval",
-                  "keep_checkpoints", "resume"}
 GPU_ONLY = {"gemini", "gemini_auto", "zero2"}
 
 
@@ -204,7 +204,7 @@ class Saver:
         dist.barrier()
         if self.rank == 0:
             write_json(tmp / "trainer_state.json", {**state, "step": step})
-            (tmp / "done").write_text("complete\n")
+            seal(tmp)  # sha256 of every file, then `done`
         self._publish(tmp, target)
         if self.rank == 0:
             for old in complete_steps(root)[:-keep]:
@@ -308,14 +308,13 @@ def train(cfg: dict, init_dir, data_dir, ckpt_root, metrics_path, out_dir, token
     fp = fingerprint(cfg, init_dir, data_dir)
 
     start = 0
-    steps = complete_steps(ckpt_root) if t["resume"] else []
-    if steps:
-        path = step_dir(ckpt_root, steps[-1])
+    path = newest_intact(ckpt_root) if t["resume"] else None  # damaged steps are named and skipped
+    if path is not None:
         state = json.loads((path / "trainer_state.json").read_text())
         if state["fingerprint"] != fp:
             changed = sorted(k for part in ("train", "colossal") for k in set(fp[part]) | set(state["fingerprint"].get(part, {}))
                              if fp[part].get(k) != state["fingerprint"].get(part, {}).get(k))
-            raise ValueError(
+            raise CheckpointError(
                 f"checkpoint {path} belongs to a different training setup (changed keys: {changed or 'none'}; init model "
                 f"same: {state['fingerprint']['init_sha256'] == fp['init_sha256']}; data view same: "
                 f"{state['fingerprint']['view'] == fp['view']}). Delete {ckpt_root} to start over, or set train.resume: false.")
@@ -366,6 +365,7 @@ def train(cfg: dict, init_dir, data_dir, ckpt_root, metrics_path, out_dir, token
         return total, gcount
 
     last_val = None
+    guard = NonFiniteGuard(t["skip_nonfinite_steps"])
     tokens_per_step = t["global_batch_size"] * t["seq_len"]
     clock = time.perf_counter()
     for step in range(start, t["max_steps"]):
@@ -377,13 +377,15 @@ def train(cfg: dict, init_dir, data_dir, ckpt_root, metrics_path, out_dir, token
             max_norm = t["grad_clip"] if t["grad_clip"] > 0 else float("inf")
             grad_norm = float(torch.nn.utils.clip_grad_norm_(model.unwrap().parameters(), max_norm))
         lr = scheduler.get_last_lr()[0]
-        optimizer.step()
-        scheduler.step()
+        loss = float(lay.sum_replicas(total) / gcount)
+        if guard.ok(step + 1, loss, grad_norm):  # ddp: the norm is known before the step
+            optimizer.step()
+            scheduler.step()
         optimizer.zero_grad()
         if grad_norm is None and hasattr(optimizer, "get_grad_norm"):
             value = optimizer.get_grad_norm()
             grad_norm = float(value) if value is not None else None
-        loss = float(lay.sum_replicas(total) / gcount)
+            guard.after_update(step + 1, grad_norm)  # sharded plugins: known after the step
         done = step + 1
         elapsed = time.perf_counter() - clock
         record = {"step": done, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens": done * tokens_per_step,
@@ -511,6 +513,8 @@ def main(argv: list[str] | None = None) -> None:
     cfg = cfgmod.load(args.config)
     try:
         train(cfg, args.init, args.data, args.checkpoints, args.metrics, args.out, args.tokenizer, args.stop_after)
+    except (NonFiniteError, CheckpointError) as exc:
+        raise SystemExit(f"llmpipe train-colossal: {exc}") from None
     except torch.cuda.OutOfMemoryError as exc:
         fix = ("set colossal.plugin: gemini_auto (Gemini placing chunks in CPU memory too; it resumes this run's "
                "checkpoints)" if cfg["colossal"]["plugin"] == "gemini" else

@@ -24,13 +24,13 @@ from llmpipe.backends.torch import checkpoint as ckpt
 from llmpipe.io import atomic_path, write_json
 from llmpipe.train.batching import Sampler, grad_accum_steps
 from llmpipe.train.loss import dataset_loss, lm_loss_sum
+from llmpipe.train.resume import RESUME_NEUTRAL
+from llmpipe.train.guard import NonFiniteError, NonFiniteGuard
 from llmpipe.train.schedule import lr_at
 from llmpipe.io import dumps as io_dumps
 
 log = logging.getLogger(__name__)
 
-# Keys that may change between a checkpoint and its resume without changing the result.
-RESUME_NEUTRAL = {"nproc", "nnodes", "launcher", "threads", "log_interval", "save_interval", "eval_interval", "keep_checkpoints", "resume"}
 
 
 def fingerprint(cfg: dict, init_dir: Path, view_dir: Path) -> dict:
@@ -170,14 +170,13 @@ def train(cfg: dict, init_dir, data_dir, ckpt_root, metrics_path, out_dir, stop_
     fp = fingerprint(cfg, init_dir, data_dir)
 
     start = 0
-    steps = ckpt.complete_steps(ckpt_root) if t["resume"] else []
-    if steps:
-        path = ckpt.step_dir(ckpt_root, steps[-1])
+    path = ckpt.newest_intact(ckpt_root) if t["resume"] else None  # damaged steps are named and skipped
+    if path is not None:
         state = json.loads((path / "trainer_state.json").read_text())
         if state["fingerprint"] != fp:
             changed = {k: (state["fingerprint"]["train"].get(k), v) for k, v in fp["train"].items()
                        if state["fingerprint"]["train"].get(k) != v}
-            raise ValueError(
+            raise ckpt.CheckpointError(
                 f"checkpoint {path} belongs to a different training setup (changed train keys: {changed or 'none'}; "
                 f"init model same: {state['fingerprint']['init_sha256'] == fp['init_sha256']}; data view same: "
                 f"{state['fingerprint']['view'] == fp['view']}). Delete {ckpt_root} to start over, or set train.resume: false."
@@ -195,6 +194,7 @@ def train(cfg: dict, init_dir, data_dir, ckpt_root, metrics_path, out_dir, stop_
                  env.world, t["micro_batch_size"], accum, t["global_batch_size"], amp or "fp32", model.num_parameters())
 
     last_val = None
+    guard = NonFiniteGuard(t["skip_nonfinite_steps"])
     tokens_per_step = t["global_batch_size"] * t["seq_len"]
     clock = time.perf_counter()
     for step in range(start, t["max_steps"]):
@@ -213,10 +213,11 @@ def train(cfg: dict, init_dir, data_dir, ckpt_root, metrics_path, out_dir, stop_
         max_norm = t["grad_clip"] if t["grad_clip"] > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
         lr = optimizer.param_groups[0]["lr"]
-        optimizer.step()
-        scheduler.step()
+        loss = float(env.sum(loss_sum) / global_count)  # the same on every rank (all-reduced), as is grad_norm
+        if guard.ok(step + 1, loss, float(grad_norm)):
+            optimizer.step()
+            scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        loss = float(env.sum(loss_sum) / global_count)
         done = step + 1
         elapsed = time.perf_counter() - clock
         record = {"step": done, "loss": loss, "lr": lr, "grad_norm": float(grad_norm),
@@ -270,4 +271,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--stop-after", type=int, default=None,
                    help="checkpoint after this step and exit without --out (as if preempted)")
     args = p.parse_args(argv)
-    train(cfgmod.load(args.config), args.init, args.data, args.checkpoints, args.metrics, args.out, args.stop_after)
+    try:
+        train(cfgmod.load(args.config), args.init, args.data, args.checkpoints, args.metrics, args.out, args.stop_after)
+    except (NonFiniteError, ckpt.CheckpointError) as exc:
+        raise SystemExit(f"llmpipe train: {exc}") from None

@@ -1,0 +1,133 @@
+"""Trust under damage in the torch trainer (its checkpoint module is shared with the colossal trainer):
+damaged checkpoint bytes are found by their recorded sha256 and the next older intact step is resumed
+(the result equals the uninterrupted run, bitwise); a non-finite loss / gradient norm stops training
+naming the step, without a traceback, leaving only finite checkpoints; skips are allowed up to
+train.skip_nonfinite_steps."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from llmpipe import config as cfgmod
+from llmpipe.backends.torch import checkpoint as ckpt
+from tests.conftest import merge
+
+
+def run_train(prepared, tmp, over, name, stop_after=None):
+    cfg = cfgmod.validate(merge(prepared["cfg"], over))
+    args = [sys.executable, "-m", "llmpipe", "train", "--config", json.dumps(cfg), "--init", str(prepared["init"]),
+            "--data", str(prepared["view"]), "--checkpoints", str(tmp / f"{name}-ck"), "--metrics",
+            str(tmp / f"{name}.jsonl"), "--out", str(tmp / f"{name}-final")]
+    if stop_after:
+        args += ["--stop-after", str(stop_after)]
+    return subprocess.run(args, capture_output=True, text=True, timeout=600)
+
+
+SIX = {"train": {"max_steps": 6, "save_interval": 2, "keep_checkpoints": 3, "eval_interval": 6}}
+
+
+def overwrite(path, offset=4096, size=4096):
+    raw = bytearray(path.read_bytes())
+    raw[offset:offset + size] = b"\x7f" * min(size, len(raw) - offset)
+    path.write_bytes(bytes(raw))
+
+
+def test_damaged_newest_checkpoint_falls_back_to_the_older_intact_one(tmp_path, prepared):
+    assert run_train(prepared, tmp_path, SIX, "whole").returncode == 0
+    first = run_train(prepared, tmp_path, SIX, "cut", stop_after=4)
+    assert first.returncode == 0, first.stderr[-2000:]
+    root = tmp_path / "cut-ck"
+    assert ckpt.complete_steps(root) == [2, 4]
+    assert json.loads((root / "step_00000004" / "checksums.json").read_text()).keys() >= {"model.safetensors", "optimizer.pt"}
+    overwrite(root / "step_00000004" / "model.safetensors")
+    resumed = run_train(prepared, tmp_path, SIX, "cut")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert ("step_00000004 is damaged: model.safetensors do not match their recorded sha256; falling back to step 2"
+            in resumed.stderr)
+    assert "resumed from" in resumed.stderr and "step_00000002 (step 2)" in resumed.stderr
+    whole, cut = (load_file(tmp_path / f"{n}-final" / "model.safetensors") for n in ("whole", "cut"))
+    assert all(torch.equal(whole[k], cut[k]) for k in whole)  # bitwise the uninterrupted run
+
+
+def test_every_checkpoint_damaged_is_refused_naming_the_way_out(tmp_path, prepared):
+    assert run_train(prepared, tmp_path, SIX, "cut", stop_after=4).returncode == 0
+    for step in ("step_00000002", "step_00000004"):
+        overwrite(tmp_path / "cut-ck" / step / "optimizer.pt", offset=100, size=64)
+    proc = run_train(prepared, tmp_path, SIX, "cut")
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "optimizer.pt do not match" in proc.stderr and "no checkpoint in" in proc.stderr
+    assert "set train.resume: false" in proc.stderr and not (tmp_path / "cut-final").exists()
+
+
+BLOW_UP = {"train": {"lr": 1.0e3, "min_lr": 0.0, "warmup_steps": 0, "grad_clip": 0.0, "max_steps": 6, "save_interval": 1,
+                     "keep_checkpoints": 2, "eval_interval": 6}}  # step 1 is finite, step 2's gradient is NaN
+
+
+@pytest.mark.parametrize("skips", [0, 2])
+def test_non_finite_step_stops_training_and_checkpoints_stay_finite(tmp_path, prepared, skips):
+    proc = run_train(prepared, tmp_path, merge(BLOW_UP, {"train": {"skip_nonfinite_steps": skips}}), "nan")
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    stop = 2 + skips
+    assert f"llmpipe train: step {stop}: grad_norm nan: training stopped before updating the weights" in proc.stderr
+    for s in range(2, stop):
+        assert f"step {s}: grad_norm nan: skipped, no update" in proc.stderr
+    root = tmp_path / "nan-ck"
+    assert ckpt.complete_steps(root)[-1] == stop - 1
+    for step in ckpt.complete_steps(root):
+        weights = load_file(ckpt.step_dir(root, step) / "model.safetensors")
+        assert all(torch.isfinite(t).all() for t in weights.values()), step
+        assert ckpt.damaged(ckpt.step_dir(root, step)) == []
+    lines = (tmp_path / "nan.jsonl").read_text().splitlines()
+    records = [json.loads(x, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c))) for x in lines]  # strict
+    assert [r["step"] for r in records] == list(range(1, stop))
+    assert all(r.get("nonfinite") == ["grad_norm"] for r in records[1:])  # the skipped steps, flagged
+    assert not (tmp_path / "nan-final").exists()
+
+
+def test_changed_hyperparameter_stops_before_any_job_and_deletes_nothing(tmp_path):
+    """A finished run, then train.lr changed: one line naming the key and both ways out, before Snakemake
+    deletes the old model; with train.resume=false the run goes ahead."""
+    import shutil
+
+    import yaml
+
+    from tests.conftest import REPO, REPO_IGNORE, corpus_docs, write_jsonl
+
+    work = tmp_path / "repo"
+    shutil.copytree(REPO, work, ignore=REPO_IGNORE, symlinks=True)
+    write_jsonl(work / "corpus.jsonl", corpus_docs(40))
+    cfg = {"data": {"sources": ["corpus.jsonl"], "num_shards": 1, "val_fraction": 0.1},
+           "tokenizer": {"vocab_size": 300},
+           "model": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
+                     "num_key_value_heads": 2},
+           "train": {"seq_len": 64, "global_batch_size": 4, "micro_batch_size": 4, "max_steps": 2, "warmup_steps": 1,
+                     "save_interval": 2, "eval_interval": 2, "threads": 1}}
+    (work / "c.yaml").write_text(yaml.safe_dump(cfg))
+    final = "results/default/checkpoints/torch/final"
+
+    def snakemake(*args):
+        return subprocess.run([sys.executable, "-m", "snakemake", final, *args, "--profile", "local", "--configfile",
+                               "c.yaml"], cwd=work, capture_output=True, text=True, timeout=600)
+
+    assert snakemake().returncode == 0
+    before = sorted(p.name for p in (work / final).iterdir())
+    cfg["train"]["lr"] = 1.0e-3
+    (work / "c.yaml").write_text(yaml.safe_dump(cfg))
+    proc = snakemake()
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Traceback" not in text
+    assert "run 'default' has checkpoints trained with other settings (step_00000002: train.lr 0.003 -> 0.001)" in text
+    assert "--config run=NEW" in text and "train: {resume: false} in your --configfile" in text
+    assert sorted(p.name for p in (work / final).iterdir()) == before  # the old model is still there
+    other = subprocess.run([sys.executable, "-m", "snakemake", "results/NEW/checkpoints/torch/final", "-n", "--profile",
+                            "local", "--configfile", "c.yaml", "--config", "run=NEW"], cwd=work, capture_output=True,
+                           text=True, timeout=300)
+    assert other.returncode == 0 and "rule train_torch:" in other.stdout  # way out 1: another run
+    cfg["train"]["resume"] = False  # way out 2: restart this run
+    (work / "c.yaml").write_text(yaml.safe_dump(cfg))
+    dry = snakemake("-n")
+    assert dry.returncode == 0 and "rule train_torch:" in dry.stdout
