@@ -219,14 +219,22 @@ def test_hybrid_parallel_matches_torch_backend_and_resumes(work, tmp_path):
         assert abs(a["loss"] - b["loss"]) < 1e-4 and abs(a["lr"] - b["lr"]) < 1e-12, (a, b)
         assert abs(a["grad_norm"] - b["grad_norm"]) < 1e-3 * b["grad_norm"], (a, b)
 
-    # Resume: drop the last checkpoint and the result; the rule continues from step 5.
+    # Resume: damage the last checkpoint's weights (sealed with their sha256) and drop the result; the
+    # rule names the damaged file and continues from step 5.
+    from llmpipe.backends.torch.checkpoint import damaged
+
     ck = run / "checkpoints" / "colossal"
     assert sorted(p.name for p in ck.glob("step_*")) == ["step_00000005", "step_00000010"]
-    shutil.rmtree(ck / "step_00000010")
+    assert damaged(ck / "step_00000005") == [] == damaged(ck / "step_00000010")
+    shard = sorted((ck / "step_00000010" / "model").glob("*.safetensors"))[0]
+    raw = bytearray(shard.read_bytes())
+    raw[-4096:] = b"\x7f" * 4096
+    shard.write_bytes(bytes(raw))
     shutil.rmtree(final)
     proc = snakemake(work, str(final), "--configfile", str(cfg))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     log = (run / "logs" / "train_colossal.log").read_text()
+    assert f"step_00000010 is damaged: model/{shard.name} do not match" in log and "falling back to step 5" in log
     assert "resumed from" in log and "step_00000005 (step 5)" in log
     again = metrics(run)
     assert [r["step"] for r in again] == list(range(1, 11))
