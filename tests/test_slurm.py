@@ -244,7 +244,9 @@ def test_scancel_mid_training_is_retried_and_resumes_bit_exactly(slurm, pipeline
 
 
 def test_more_nodes_than_the_cluster_has_fails_at_submit(slurm, pipeline):
-    cfg = overlay(pipeline["work"], "nodes", {"train": {"nnodes": 2, "threads": 1}})  # 2 CPUs: only nodes are short
+    # 2 CPUs: only nodes are short. resume false: the pipeline's checkpoints were trained with other
+    # settings (max_steps), which would stop the run at parse time, before any submit.
+    cfg = overlay(pipeline["work"], "nodes", {"train": {"nnodes": 2, "threads": 1, "resume": False}})
     proc = snakemake(pipeline["work"], FINAL, "--configfile", cfg, timeout=120)
     out = proc.stdout + proc.stderr
     assert proc.returncode not in (0, 124, 137) and "Node count specification invalid" in out, out[-3000:]
