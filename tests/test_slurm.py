@@ -17,6 +17,8 @@ import pytest
 import yaml
 from safetensors.torch import load_file
 
+from llmpipe.dag import dry_run_jobs  # (rule, resources, threads) of every job a dry run lists
+
 from tests.conftest import REPO, REPO_IGNORE
 
 pytestmark = pytest.mark.slurm
@@ -82,20 +84,6 @@ def slurm_logs(workdir: Path) -> dict[str, tuple[str, str]]:
         parts = log.relative_to(root).parts
         out[log.stem] = (parts[0].removeprefix("rule_"), "/".join(parts[1:-1]))
     return out
-
-
-def dry_run_jobs(stdout: str) -> list[tuple[str, dict, int]]:
-    """(rule, resources, threads) of every job a dry run lists."""
-    jobs = []
-    for block in re.split(r"\n(?=rule \w+:)", stdout):
-        m = re.match(r"rule (\w+):", block)
-        if not m:
-            continue
-        res = re.search(r"\n\s+resources: (.*)", block)
-        threads = re.search(r"\n\s+threads: (\d+)", block)
-        resources = dict(kv.split("=", 1) for kv in res.group(1).split(", ")) if res else {}
-        jobs.append((m.group(1), resources, int(threads.group(1)) if threads else 1))
-    return jobs
 
 
 def overlay(workdir: Path, name: str, data: dict) -> str:

@@ -43,20 +43,26 @@ def parse_rulegraph(dot: str) -> tuple[list[str], list[tuple[str, str]]]:
     return list(names.values()), edges
 
 
-def parse_dry_run(out: str) -> dict[str, dict]:
-    """Per rule: job count, resources of its first job, threads (`snakemake -n` output)."""
-    rules: dict[str, dict] = {}
+def dry_run_jobs(out: str) -> list[tuple[str, dict, int]]:
+    """(rule, resources, threads) of every job `snakemake -n` lists."""
+    jobs = []
     for block in re.split(r"\n(?=(?:local)?rule \w+:)", out):
         m = re.match(r"(?:local)?rule (\w+):", block)
         if not m:
             continue
         res = re.search(r"\n\s+resources: (.*)", block)
         threads = re.search(r"\n\s+threads: (\d+)", block)
-        entry = rules.setdefault(m.group(1), {"jobs": 0, "resources": {}, "threads": 1})
+        resources = dict(kv.split("=", 1) for kv in res.group(1).split(", ")) if res else {}
+        jobs.append((m.group(1), resources, int(threads.group(1)) if threads else 1))
+    return jobs
+
+
+def parse_dry_run(out: str) -> dict[str, dict]:
+    """Per rule: job count, resources and threads of its first job."""
+    rules: dict[str, dict] = {}
+    for rule, resources, threads in dry_run_jobs(out):
+        entry = rules.setdefault(rule, {"jobs": 0, "resources": resources, "threads": threads})
         entry["jobs"] += 1
-        if entry["jobs"] == 1:
-            entry["resources"] = dict(kv.split("=", 1) for kv in res.group(1).split(", ")) if res else {}
-            entry["threads"] = int(threads.group(1)) if threads else 1
     return rules
 
 

@@ -37,6 +37,7 @@ import yaml
 
 from llmpipe import config as cfgmod
 from llmpipe import parallelism
+from llmpipe.profiles import merge
 from llmpipe.io import atomic_path, write_json
 
 log = logging.getLogger(__name__)
@@ -187,10 +188,7 @@ def shape_from_config(cfg: dict, tokenizer_dir: Path | None) -> tuple[Shape, str
         found = cfgmod.base_config_json(cfg)
         if found is not None:
             return Shape.from_hf(json.loads(found.read_text())), str(found)
-        heads = m["num_attention_heads"]
-        vocab = -(-cfg["tokenizer"]["vocab_size"] // m["vocab_multiple"]) * m["vocab_multiple"]
-        return (Shape(vocab, m["hidden_size"], m["intermediate_size"], m["num_hidden_layers"], heads,
-                      m["num_key_value_heads"], m["hidden_size"] // heads, m["tie_word_embeddings"]),
+        return (sized_shape(m, cfg["tokenizer"]["vocab_size"]),
                 f"model sizes and tokenizer.vocab_size from the config ({m['init_from']} not downloaded yet)")
     if cfg["tokenizer"]["source"] != "train" or tokenizer_dir is not None:
         from llmpipe.data.tokenizer import load_backend
@@ -202,10 +200,15 @@ def shape_from_config(cfg: dict, tokenizer_dir: Path | None) -> tuple[Shape, str
         vocab, where = load_backend(tok).get_vocab_size(with_added_tokens=True), str(tok)
     else:
         vocab, where = cfg["tokenizer"]["vocab_size"], "tokenizer.vocab_size"
-    vocab = -(-vocab // m["vocab_multiple"]) * m["vocab_multiple"]
+    return sized_shape(m, vocab), f"model: sizes, vocab from {where}"
+
+
+def sized_shape(m: dict, vocab: int) -> Shape:
+    """The Llama of the config's model.* sizes, its vocab rounded up to model.vocab_multiple."""
     heads = m["num_attention_heads"]
-    return Shape(vocab, m["hidden_size"], m["intermediate_size"], m["num_hidden_layers"], heads,
-                 m["num_key_value_heads"], m["hidden_size"] // heads, m["tie_word_embeddings"]), f"model: sizes, vocab from {where}"
+    return Shape(-(-vocab // m["vocab_multiple"]) * m["vocab_multiple"], m["hidden_size"], m["intermediate_size"],
+                 m["num_hidden_layers"], heads, m["num_key_value_heads"], m["hidden_size"] // heads,
+                 m["tie_word_embeddings"])
 
 
 # ---------------------------------------------------------------- the plan
@@ -426,15 +429,9 @@ def load_configs(sources: list[str]) -> dict:
             if not Path(text).is_file():
                 raise cfgmod.ConfigError(f"config file not found: {text}")
             data = yaml.safe_load(Path(text).read_text()) or {}
-        merged = _merge(merged, data)
+        merged = merge(merged, data)
     return cfgmod.validate(merged)
 
-
-def _merge(base: dict, over: dict) -> dict:
-    out = copy.deepcopy(base)
-    for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
-    return out
 
 
 def tokenizer_folder(cfg: dict) -> Path | None:
