@@ -29,11 +29,8 @@ if PROFILE is not None:
     os.environ[profiles.PROFILE_ENV] = str(PROFILE)  # cluster jobs inherit it (sbatch --export=ALL)
 
 RUN = f"{config['results_dir']}/{config['run']}"
-BACKEND = config["train"]["backend"]
-if not Path(workflow.basedir, "rules", f"train_{BACKEND}.smk").is_file() or BACKEND not in backends.available():
-    raise WorkflowError(
-        f"unknown train.backend {BACKEND!r}; available: {', '.join(backends.available())}"
-    )
+BACKEND = config["train"]["backend"]  # validated: one of llmpipe.backends.available()
+BACKEND_RULES = str(backends.get(BACKEND).rules_file())
 if BACKEND in ("torch", "colossal"):  # before Snakemake deletes the old model to train again
     _changed = changed_settings(config, Path(RUN) / "checkpoints" / BACKEND, config["run"])
     if _changed:
@@ -119,9 +116,9 @@ def base_model_files(wildcards):
 def launch_prefix(python="python"):
     """The training launch (llmpipe.launch): python, torchrun, or srun + torchrun per node, all
     started with `python` (a backend environment's interpreter runs the launcher and what it starts)."""
-    t = config["train"]
+    t, p = config["train"], config["parallel"]
     resume = " --auto-resume" if t["slurm_auto_resume"] else ""  # HyperPod: srun --auto-resume=1
-    return (f"{shlex.quote(python)} -m llmpipe launch --nproc-per-node {t['nproc']} --nnodes {t['nnodes']}"
+    return (f"{shlex.quote(python)} -m llmpipe launch --nproc-per-node {p['nproc_per_node']} --nnodes {p['nnodes']}"
             f" --launcher {t['launcher']}{resume}")
 
 
@@ -129,19 +126,19 @@ def colossal_launch():
     """Launch for train_colossal, ending in `-m` (the module follows): llmpipe.launch run by the
     ColossalAI env's interpreter (so torchrun and srun's per-node launch start that interpreter), or
     `colossalai run --hostfile` (colossal.launcher: colossalai), which starts `torchrun` from PATH."""
-    c, t = config["colossal"], config["train"]
+    c, p = config["colossal"], config["parallel"]
     py = shlex.quote(c["python"])
     if c["launcher"] == "colossalai":
         hosts = f" --hostfile {shlex.quote(c['hostfile'])}" if c["hostfile"] else ""
         return (f'bin=$({py} -c "import os, sys; print(os.path.dirname(sys.executable))"); PATH=$bin:$PATH'
-                f" $bin/colossalai run --nproc_per_node {t['nproc']}{hosts} --master_port {c['master_port']} -m")
+                f" $bin/colossalai run --nproc_per_node {p['nproc_per_node']}{hosts} --master_port {c['master_port']} -m")
     return launch_prefix(c["python"]) + " -- -m"
 
 
 def train_resources():
     """Nodes of the training job: one task per node (sbatch --nodes N --ntasks N). GPU jobs get no
     --ntasks-per-gpu (tasks_per_gpu 0), so Slurm's default of one task per node holds there too."""
-    n = config["train"]["nnodes"]
+    n = config["parallel"]["nnodes"]
     return {"nodes": n, "tasks": n, "tasks_per_gpu": 0}
 
 
@@ -149,7 +146,7 @@ def check_profile_resources():
     """A profile sized for another trainer is an error, not a run of this one on its nodes: every
     training-backend rule the profile's set-resources names must be in this workflow."""
     named = set(workflow.resource_settings.overwrite_resources or {})
-    owners = backends.rules_by_backend(Path(workflow.basedir) / "rules")
+    owners = backends.rules_by_backend()
     missing = sorted(r for b, rs in owners.items() if b != BACKEND for r in rs if r in named)
     if missing:
         where = f"profile {PROFILE.name!r}" if PROFILE else "the profile's set-resources"

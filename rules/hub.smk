@@ -4,9 +4,6 @@
 # (localrule), where the network and the user's HF token are.
 import re
 
-if config["hub"]["release"]["enabled"] and not config["hub"]["release"]["repo_id"]:
-    raise WorkflowError("invalid llmpipe config: 'hub.release.enabled' is true but 'hub.release.repo_id' is not set")
-
 
 rule download_model:
     output:

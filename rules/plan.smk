@@ -12,7 +12,7 @@ rule plan:
         json=f"{RUN}/plan.json",
         md=f"{RUN}/plan.md",
     params:
-        cfg=cfg_json("run", "train", "plan", *[BACKEND] if BACKEND in config else []),  # its layout: llmpipe/parallelism.py
+        cfg=cfg_json("run", "train", "parallel", "plan", *[BACKEND] if BACKEND in config else []),  # layout: parallel
     priority: 10
     log:
         f"{RUN}/logs/plan.log",

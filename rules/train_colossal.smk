@@ -4,13 +4,6 @@
 # torchrun per node under Slurm) or `colossalai run --hostfile` (colossal.launcher: colossalai).
 # Contract: produce the HF-format folder {RUN}/checkpoints/colossal/final.
 
-if config["colossal"]["launcher"] == "colossalai":
-    _hostfile = config["colossal"]["hostfile"]
-    if _hostfile and not Path(_hostfile).is_file():
-        raise WorkflowError(f"colossal.hostfile {_hostfile!r} does not exist")
-    if config["train"]["nnodes"] > 1 and not _hostfile:
-        raise WorkflowError("colossal.launcher colossalai on train.nnodes > 1 needs colossal.hostfile (one host per line)")
-
 
 rule train_colossal:
     input:
@@ -21,12 +14,12 @@ rule train_colossal:
     output:
         directory(f"{RUN}/checkpoints/colossal/final"),
     params:
-        cfg=cfg_json("train", "eval", *(f"colossal.{k}" for k in ("plugin", "tp", "pp", "zero_stage", "gradient_checkpointing", "flash_attention"))),
+        cfg=cfg_json("train", "parallel", "eval", "colossal.plugin", "colossal.flash_attention"),
         launch=colossal_launch(),
         cfg_file=f"{RUN}/train/colossal-config.json",
         checkpoints=lambda wildcards, output: Path(output[0]).parent,
         metrics=f"{RUN}/train/metrics.jsonl",
-    threads: config["train"]["threads"] * config["train"]["nproc"]
+    threads: config["train"]["threads"] * config["parallel"]["nproc_per_node"]
     resources:
         **train_resources(),
     log:
@@ -36,6 +29,6 @@ rule train_colossal:
     shell:
         # The config goes through a file: `colossalai run` joins arguments into one shell line.
         "mkdir -p $(dirname {params.cfg_file:q}) && printf '%s' {params.cfg:q} > {params.cfg_file:q} && "
-        "{params.launch} llmpipe train-colossal --config {params.cfg_file:q} --init {input.init:q} --data {input.data:q}"
+        "{params.launch} llmpipe colossal-train --config {params.cfg_file:q} --init {input.init:q} --data {input.data:q}"
         " --tokenizer {input.tokenizer:q} --checkpoints {params.checkpoints:q} --metrics {params.metrics:q} --out {output:q}"
         " > {log:q} 2>&1"

@@ -29,7 +29,7 @@ rule levanter_config:
     output:
         directory(f"{RUN}/train/levanter"),
     params:
-        cfg=cfg_json("run", "data.shuffle", "model", "train", "eval", "levanter"),
+        cfg=cfg_json("run", "data.shuffle", "model", "train", "parallel", "eval", "levanter"),
         python=config["levanter"]["python"],
         output=LEVANTER_OUT,
     log:

@@ -2,17 +2,9 @@
 # init (HF) -> neuron_shard (NxD pretrained_weight rank files) -> neuron_precompile (graphs into the
 # shared compile cache) -> train_neuron (srun + torchrun per node) -> neuron_merge ->
 # {RUN}/checkpoints/neuron/final (HF), which the shared export_hf / evaluate rules read.
-from llmpipe.backends.neuron.commands import NeuronConfigError, check_config
-from llmpipe.backends.neuron.layout import LayoutError
-
-try:
-    check_config(config)
-except (NeuronConfigError, LayoutError) as exc:
-    raise WorkflowError(f"invalid llmpipe config: {exc}") from None
-
 NXD = f"{RUN}/checkpoints/neuron/nxd"  # run_llama_nxd.py --checkpoint_dir: pretrained_weight/, step_<N>/
-NEURON_LAYOUT = [f"neuron.{k}" for k in ("tp", "pp", "vpp", "kv_size_multiplier", "qkv_linear", "fuse_qkv", "coalesce_qkv", "hw_backend")]
-NEURON_RUN = ("results_dir", "model.init_from", "train", "neuron")
+NEURON_LAYOUT = ["parallel.tp", "parallel.pp", *(f"neuron.{k}" for k in ("vpp", "kv_size_multiplier", "qkv_linear", "fuse_qkv", "coalesce_qkv", "hw_backend"))]
+NEURON_RUN = ("results_dir", "model.init_from", "train", "parallel", "neuron")
 
 
 rule neuron_shard:

@@ -2,13 +2,6 @@
 # (mode algorithm: a marketplace algorithm on the litgpt view; mode image: a PyTorch container running
 # llmpipe's torch trainer on the hf view), and train_sagemaker attaches to or creates the job, waits,
 # and turns model.tar.gz into {RUN}/checkpoints/sagemaker/final (HF) for the shared export / evaluate.
-from llmpipe.backends.sagemaker.hyperparameters import SettingsError, check_settings
-
-try:
-    check_settings(config)
-except SettingsError as exc:
-    raise WorkflowError(f"invalid llmpipe config: {exc}") from None
-
 SM_ALGORITHM = config["sagemaker"]["mode"] == "algorithm"
 
 
@@ -36,7 +29,7 @@ rule train_sagemaker:
     output:
         directory(f"{RUN}/checkpoints/sagemaker/final"),
     params:
-        cfg=cfg_json("run", "data.views", "train", "eval", "sagemaker"),
+        cfg=cfg_json("run", "data.views", "train", "parallel", "eval", "sagemaker"),
         metrics=f"{RUN}/train/metrics.jsonl",
     log:
         f"{RUN}/logs/train_sagemaker.log",

@@ -1,5 +1,5 @@
-# Backend "torch": plain PyTorch; DDP under torchrun when train.nproc > 1, one torchrun per node via
-# srun when train.nnodes > 1 (llmpipe.launch picks the command at run time, inside the job).
+# Backend "torch": plain PyTorch; DDP under torchrun when parallel.nproc_per_node > 1, one torchrun per node via
+# srun when parallel.nnodes > 1 (llmpipe.launch picks the command at run time, inside the job).
 # Contract for every backend file: produce the HF-format folder {RUN}/checkpoints/<backend>/final.
 
 
@@ -10,11 +10,11 @@ rule train_torch:
     output:
         directory(f"{RUN}/checkpoints/torch/final"),
     params:
-        cfg=cfg_json("train", "eval"),
+        cfg=cfg_json("train", "parallel", "eval"),
         launch=launch_prefix(),
         checkpoints=lambda wildcards, output: Path(output[0]).parent,
         metrics=f"{RUN}/train/metrics.jsonl",
-    threads: config["train"]["threads"] * config["train"]["nproc"]
+    threads: config["train"]["threads"] * config["parallel"]["nproc_per_node"]
     resources:
         **train_resources(),
     log:
@@ -22,6 +22,6 @@ rule train_torch:
     conda:
         "../envs/torch.yaml"
     shell:
-        "{params.launch} -- -m llmpipe train"
+        "{params.launch} -- -m llmpipe torch-train"
         " --config {params.cfg:q} --init {input.init:q} --data {input.data:q} --checkpoints {params.checkpoints:q}"
         " --metrics {params.metrics:q} --out {output:q} > {log:q} 2>&1"

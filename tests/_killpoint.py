@@ -3,7 +3,7 @@
   python tests/_killpoint.py EVENTS_JSON N -- <llmpipe command and arguments>
 
 Events are the moments just before and just after each call that writes state: torch.save,
-safetensors save_model, os.replace (atomic renames), shutil.rmtree (old checkpoints), Metrics.write
+safetensors save_model, os.replace (atomic renames), shutil.rmtree (old checkpoints), MetricsWriter.write
 and clip_grad_norm_ (mid-step, between backward and the optimizer step). N = 0 kills nothing and
 writes the names of all events, in order, to EVENTS_JSON. SIGKILL is what `kill -9` sends: the
 process gets no chance to clean up.
@@ -46,7 +46,7 @@ hook(torch, "save", "torch.save")
 hook(ckpt, "save_model", "save_model")
 hook(os, "replace", "os.replace")
 hook(shutil, "rmtree", "rmtree")
-hook(train.Metrics, "write", "metrics")
+hook(train.MetricsWriter, "write", "metrics")
 hook(torch.nn.utils, "clip_grad_norm_", "step")
 
 from llmpipe.__main__ import main  # noqa: E402

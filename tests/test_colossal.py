@@ -76,11 +76,14 @@ def test_resume_fingerprint_covers_the_parallel_layout(prepared):
     """A checkpoint resumes only under the same recipe and layout; gemini_auto (the OOM fallback)
     resumes gemini's checkpoints; launch-only keys do not matter."""
     from llmpipe import config as cfgmod
-    from llmpipe.backends.colossal.train import fingerprint
+    from llmpipe.backends.colossal.train import resume_layout
+    from llmpipe.train.resume import fingerprint
+
+    def fingerprint_of(cfg):  # what the colossal trainer records and checks
+        return fingerprint(cfg, prepared["init"], prepared["view"], colossal=resume_layout(cfg["colossal"]))
 
     def fp(**colossal):
-        cfg = cfgmod.validate({**prepared["cfg"], "colossal": colossal})
-        return fingerprint(cfg, prepared["init"], prepared["view"])
+        return fingerprint_of(cfgmod.validate({**prepared["cfg"], "colossal": colossal}))
 
     base = fp(plugin="gemini")
     assert fp(plugin="gemini_auto") == base
@@ -88,7 +91,7 @@ def test_resume_fingerprint_covers_the_parallel_layout(prepared):
     assert fp(plugin="3d") != base and fp(plugin="3d", tp=2) != fp(plugin="3d")
     cfg = cfgmod.validate({**prepared["cfg"], "colossal": {"plugin": "gemini"}})
     cfg["train"]["lr"] *= 2
-    assert fingerprint(cfg, prepared["init"], prepared["view"]) != base
+    assert fingerprint_of(cfg) != base
 
 
 def test_colossalai_launcher_on_many_nodes_needs_a_hostfile(tmp_path):
@@ -221,7 +224,7 @@ def test_hybrid_parallel_matches_torch_backend_and_resumes(work, tmp_path):
 
     # Resume: damage the last checkpoint's weights (sealed with their sha256) and drop the result; the
     # rule names the damaged file and continues from step 5.
-    from llmpipe.backends.torch.checkpoint import damaged
+    from llmpipe.train.checkpoint import damaged
 
     ck = run / "checkpoints" / "colossal"
     assert sorted(p.name for p in ck.glob("step_*")) == ["step_00000005", "step_00000010"]

@@ -56,11 +56,11 @@ ZERO1_SWITCHES = {
 def preset(name: str, **over) -> dict:
     base = yaml.safe_load((REPO / "config/config.yaml").read_text())
     cfg = merge(base, yaml.safe_load((REPO / f"config/presets/{name}.yaml").read_text()))
-    return cfgmod.validate(merge(cfg, over))
+    return cfgmod.validate(merge(cfg, over), whole=False)  # check_config itself is under test
 
 
 def build(cfg: dict, phase: str) -> str:
-    hosts = [f"trn1-{i + 1}" for i in range(cfg["train"]["nnodes"])]
+    hosts = [f"trn1-{i + 1}" for i in range(cfg["parallel"]["nnodes"])]
     alloc = launch.Allocation("4242", hosts, 128)
     args = commands.trainer_args(cfg, f"{RUN}/checkpoints/init", f"{RUN}/data/views/hf", f"{RUN}/checkpoints/neuron/nxd",
                                  f"{RUN}/train/nxd_metrics.json", f"{RUN}/train/tensorboard", phase)
@@ -96,24 +96,24 @@ def test_commands_match_golden_files(name, phase):
 @pytest.mark.parametrize("name", PRESETS)
 def test_golden_commands_hold_the_batch_arithmetic_and_real_flags(name):
     cfg = preset(name)
-    t, n = cfg["train"], cfg["neuron"]
+    t, n, p = cfg["train"], cfg["neuron"], cfg["parallel"]
     train, comp = ((GOLDEN / f"{name}.{p}.sh").read_text() for p in ("train", "precompile"))
     flags = trainer_flags(train)
     assert not {"--pretrained_weight_dir", "--num_kept_checkpoints", "--convert_from_full_model"} & set(flags)
     zero1 = commands.script_kind(cfg) == "tp_zero1"
-    assert zero1 == (n["pp"] == 1)  # NxD's tp + ZeRO-1 recipe without a pipeline, run_llama_nxd.py with one
+    assert zero1 == (p["pp"] == 1)  # NxD's tp + ZeRO-1 recipe without a pipeline, run_llama_nxd.py with one
     if zero1:
         valued = {k for k, v in flags.items() if v is not None}
         assert valued <= ZERO1_FLAGS and set(flags) - valued <= ZERO1_SWITCHES, set(flags) - ZERO1_FLAGS - ZERO1_SWITCHES
-        dp = n["cores_per_node"] * t["nnodes"] // int(flags["--tensor_parallel_size"])
+        dp = p["nproc_per_node"] * p["nnodes"] // int(flags["--tensor_parallel_size"])
         assert dp * int(flags["--batch_size"]) * int(flags["--grad_accum_usteps"]) == t["global_batch_size"]
         assert flags["--loading_step"] == "latest_if_exists" and "--pretrained_weight" in flags
         assert flags["--data_dir"] == f"{RUN}/data/views/hf/train" and flags["--model_path"] == f"{RUN}/checkpoints/init"
-        assert ("--use_zero_1" in flags) == n["zero1"] and ("--use_mix_precision" in flags) == n["fp32_optimizer"]
+        assert ("--use_zero_1" in flags) == (p["zero"] == 1) and ("--use_mix_precision" in flags) == n["fp32_optimizer"]
         assert "--pipeline_parallel_size" not in flags and "--min_lr" not in flags
     else:
         assert set(flags) <= TRAINER_FLAGS, set(flags) - TRAINER_FLAGS
-        dp = n["cores_per_node"] * t["nnodes"] // (int(flags["--tensor_parallel_size"]) * int(flags["--pipeline_parallel_size"]))
+        dp = p["nproc_per_node"] * p["nnodes"] // (int(flags["--tensor_parallel_size"]) * int(flags["--pipeline_parallel_size"]))
         assert dp * int(flags["--train_batch_size"]) == t["global_batch_size"]
         assert int(flags["--num_microbatches"]) * t["micro_batch_size"] == int(flags["--train_batch_size"])
         assert flags["--loading_step"] == "latest_if_exists" and flags["--pretrained_weight"] == "1"
@@ -122,10 +122,10 @@ def test_golden_commands_hold_the_batch_arithmetic_and_real_flags(name):
     assert float(flags["--weight_decay"]) == t["weight_decay"] and float(flags["--lr"]) == t["lr"]
     # srun: one task per node; each runs llmpipe's node task (torchrun --nnodes/--node_rank from SLURM_NODEID)
     srun = shlex.split(train.strip().splitlines()[-1])
-    assert srun[:6] == ["srun", "--overlap", "--kill-on-bad-exit=1", f"--nodes={t['nnodes']}",
-                        f"--ntasks={t['nnodes']}", "--ntasks-per-node=1"]
+    assert srun[:6] == ["srun", "--overlap", "--kill-on-bad-exit=1", f"--nodes={p['nnodes']}",
+                        f"--ntasks={p['nnodes']}", "--ntasks-per-node=1"]
     assert srun[srun.index("--master") + 1] == "trn1-1:44000"
-    assert srun[srun.index("--nproc-per-node") + 1] == str(n["cores_per_node"])
+    assert srun[srun.index("--nproc-per-node") + 1] == str(p["nproc_per_node"])
     # precompile: the same command, each node's wrapped in neuron_parallel_compile, steps cut, no saving
     pre = shlex.split(comp.strip().splitlines()[-1])
     assert pre[pre.index("--cpus-per-task=128") + 1] == "neuron_parallel_compile"
@@ -172,7 +172,7 @@ def test_every_hyperparameter_reaches_the_trainer_or_is_refused(name, key, value
 
 
 def test_local_precompile_wraps_torchrun_and_s3_cache_uses_the_url():
-    cfg = preset("llama-2-7b-trn1", train={"nnodes": 1, "global_batch_size": 4, "launcher": "local"},
+    cfg = preset("llama-2-7b-trn1", train={"global_batch_size": 4, "launcher": "local"}, parallel={"nnodes": 1},
                  neuron={"compile_cache": "s3://bucket/neuron-cache"})
     args = commands.trainer_args(cfg, "init", "view", "ckpt", "m.json", "tb", "precompile")
     cmd = commands.command(cfg, args, None, "precompile", python="py")
@@ -187,10 +187,13 @@ def test_local_precompile_wraps_torchrun_and_s3_cache_uses_the_url():
     ("llama-2-7b-trn1", dict(train={"min_lr": 3.0e-5}), "decays the learning rate linearly to 0 at max_steps: train.min_lr"),
     ("llama-2-7b-trn1", dict(train={"eps": 1.0e-8}), "uses its AdamW's eps 1e-06 (hard-coded): train.eps 1e-08"),
     ("llama-2-7b-trn1", dict(neuron={"save_xser": False}), "always saves xser checkpoints: neuron.save_xser"),
-    ("llama-2-7b-trn1", dict(neuron={"script": "tp_pp"}), "neuron.script tp_pp (run_llama_nxd.py) cannot train at neuron.pp 1"),
+    ("llama-2-7b-trn1", dict(neuron={"script": "tp_pp"}), "neuron.script tp_pp (run_llama_nxd.py) cannot train at parallel.pp 1"),
     ("llama-2-7b-trn1", dict(train={"max_steps": 10500}), "max_steps 10500 must be a multiple of train.save_interval 1000"),
     ("llama-2-7b-trn1", dict(train={"global_batch_size": 24}), "global_batch_size 24 must be a multiple of data parallelism 16"),
-    ("llama-2-7b-trn1", dict(train={"nnodes": 1}, neuron={"cores_per_node": 2}), "tp 8 x neuron.pp 1 must divide the 2 NeuronCores"),
+    ("llama-2-7b-trn1", dict(parallel={"nnodes": 1, "nproc_per_node": 2}), "tp 8 x parallel.pp 1 must divide the 2 NeuronCores"),
+    ("llama-2-7b-trn1", dict(parallel={"zero": 2}), "has ZeRO-1 or none: parallel.zero 2 cannot be honoured"),
+    ("llama-2-7b-trn1", dict(parallel={"activation_checkpointing": False}), "checkpoints selectively or every layer: parallel.activation_checkpointing False"),
+    ("llama-3-70b-trn1", dict(parallel={"activation_checkpointing": True}), "checkpoints selectively or not at all: parallel.activation_checkpointing True"),
     ("llama-3-70b-trn1", dict(train={"weight_decay": 0.1}), "sets weight decay 0.01 per parameter group (training_utils, hard-coded): train.weight_decay 0.1"),
     ("llama-3-70b-trn1", dict(neuron={"fp32_optimizer": True}), "uses its AdamW's eps 1e-06 (hard-coded): train.eps 1e-08"),
     ("llama-3-70b-trn1", dict(neuron={"script": "tp_zero1"}), "neuron.script tp_zero1 has no pipeline"),
@@ -211,7 +214,7 @@ def test_dry_run_draws_the_whole_trn1_dag(name):
     r = snakemake_n("--configfile", f"config/presets/{name}.yaml")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     out = r.stdout
-    nodes = preset(name)["train"]["nnodes"]
+    nodes = preset(name)["parallel"]["nnodes"]
     for rule in ("init_model", "neuron_shard", "neuron_precompile", "train_neuron", "neuron_merge", "export_hf", "evaluate"):
         assert f"rule {rule}:" in out, rule
     for rule in ("neuron_precompile", "train_neuron"):

@@ -76,7 +76,8 @@ def test_neuron_dag_runs_end_to_end_with_a_fake_trainer(tmp_path):
                   "num_key_value_heads": 2},
         "train": {"backend": "neuron", "seq_len": 64, "global_batch_size": 2, "micro_batch_size": 2, "max_steps": 4,
                   "save_interval": 2, "launcher": "local", "min_lr": 0.0, "eps": 1.0e-6},
-        "neuron": {"tp": 2, "pp": 1, "qkv_linear": True, "kv_size_multiplier": 1, "cores_per_node": 2,
+        "parallel": {"tp": 2, "pp": 1, "nproc_per_node": 2},
+        "neuron": {"qkv_linear": True, "kv_size_multiplier": 1,
                    "nxd_dir": str(tmp_path / "nxd"), "python": sys.executable, "compile_cache": str(tmp_path / "cache"),
                    "cc_flags": ["--model-type=transformer", "-O1"]},
     }

@@ -19,8 +19,8 @@ GIB = 2**30
 GPU8 = {"devices": 8, "peak_tflops": 312, "hbm_gib": 80, "price_per_hour": 40.0, "mfu": 0.5}
 
 
-def plan_for(*configs, hardware=None, rows=1000, **plan_keys):
-    cfg = P.load_configs([CONFIG, *configs, json.dumps({"plan": plan_keys})])
+def plan_for(*configs, hardware=None, rows=1000, parallel=None, **plan_keys):
+    cfg = P.load_configs([CONFIG, *configs, json.dumps({"plan": plan_keys, "parallel": parallel or {}})])
     shape, _ = P.shape_from_config(cfg, None)
     data = {"source": "test", "train_rows": rows, "tokens_per_epoch": rows * cfg["train"]["seq_len"]}
     return P.make_plan(cfg, shape, P.parameters(shape), data, hardware or {"gpu8": GPU8})
@@ -82,13 +82,13 @@ def test_7b_steps_flops_time_cost_and_memory():
 
 
 def test_7b_without_zero_does_not_fit_one_instance_and_says_so():
-    plan = plan_for(PRESET_7B, zero=0, instances=1)
+    plan = plan_for(PRESET_7B, parallel={"zero": 0, "nnodes": 1})
     gpu = plan["hardware"][0]
     # 16 B x 6,738,415,616 + 17,246,978,048 activations + 524,288,000 logits = 125,585,915,904 B = 117.0 GiB
     assert gpu["memory_bytes"]["total"] == pytest.approx(125_585_915_904)
     assert gpu["fits"] is False and gpu["usable_gib"] == pytest.approx(72.0)
     assert any("gpu8: does not fit: 117.0 GiB" in w for w in plan["warnings"]), plan["warnings"]
-    checkpointed = plan_for(PRESET_7B, zero=0, instances=1, activation_checkpointing=True)["hardware"][0]
+    checkpointed = plan_for(PRESET_7B, parallel={"zero": 0, "nnodes": 1, "activation_checkpointing": True})["hardware"][0]
     # layer inputs 2 B x 4096 per token per layer x 32 layers + one layer's full set, x 4096 tokens
     assert checkpointed["memory_bytes"]["activations"] == 4096 * (32 * 2 * 4096 + 131_584)
 
@@ -96,7 +96,7 @@ def test_7b_without_zero_does_not_fit_one_instance_and_says_so():
 def test_70b_steps_flops_and_memory_under_tp_pp_zero_checkpointing():
     trn = {"devices": 32, "peak_tflops": 95, "hbm_gib": 16, "price_per_hour": 21.5, "mfu": 0.35}
     odd = {**GPU8, "devices": 5}
-    plan = plan_for(PRESET_70B, hardware={"gpu8": GPU8, "trn": trn, "odd": odd})  # 16 nodes x 8; what-if tp 8, pp 4, ZeRO-1
+    plan = plan_for(PRESET_70B, hardware={"gpu8": GPU8, "trn": trn, "odd": odd})  # 16 nodes x 8; tp 8, pp 4, ZeRO-1
     s = plan["schedule"]
     assert s["tokens_per_step"] == 16_777_216  # 2048 x 8192
     assert s["steps"] == 894_070  # ceil(15e12 / 16,777,216) = ceil(894,069.67)
@@ -114,14 +114,14 @@ def test_70b_steps_flops_and_memory_under_tp_pp_zero_checkpointing():
     assert m["activations"] == 8192 * (20 * 4 * 2 * 8192 + 274_432) / 8 == 1_623_195_648
     assert m["logits"] == 4 * 8192 * 128256 / 8
     assert gpu["fits"] is True
-    # the layout is the training config's (train.nproc 8 per node), whatever the instance holds
+    # the layout is the training config's (parallel.nproc_per_node 8), whatever the instance holds
     assert (t["devices"], t["dp"]) == (128, 4) and t["memory_bytes"]["optimizer"] == pytest.approx(12 * shard / 4)
     assert any("trn: training uses 8 of the instance's 32 devices" in w for w in plan["warnings"])
     assert o["dp"] is None and o["fits"] is None  # 8 processes per node on a 5-device instance
-    assert any("odd: 8 processes per node (train.nproc) but the instance has 5 devices" in w for w in plan["warnings"])
+    assert any("odd: 8 processes per node (parallel.nproc_per_node) but the instance has 5 devices" in w for w in plan["warnings"])
     lay = plan["layout"]
-    assert lay["source"] == "what-if" and set(lay["what_if"]) == {"tp", "pp", "zero", "activation_checkpointing"}
-    assert any(w.startswith("what-if: plan.tp 8 (training runs tp = 1)") for w in plan["warnings"])
+    assert (lay["backend"], lay["from"], lay["tp"], lay["pp"], lay["zero"]) == ("colossal", "parallel", 8, 4, 1)
+    assert lay["activation_checkpointing"] is True
 
 
 def test_epochs_and_warmup_fraction_derive_steps_and_an_overlay():

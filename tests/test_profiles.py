@@ -107,7 +107,7 @@ def test_the_70b_preset_is_one_flag(tmp_path):
     assert shell_config(proc.stdout, "pack_view")["train"]["seq_len"] == 8192
     neuron = shell_config(proc.stdout, "train_neuron")
     preset = yaml.safe_load((REPO / "config/presets/llama-3-70b-trn1.yaml").read_text())
-    assert {k: neuron["neuron"][k] for k in ("tp", "pp")} == {k: preset["neuron"][k] for k in ("tp", "pp")}
+    assert {k: neuron["parallel"][k] for k in ("tp", "pp")} == {k: preset["parallel"][k] for k in ("tp", "pp")} == {"tp": 32, "pp": 8}
     assert neuron["model"]["init_from"] == preset["model"]["init_from"]
 
 
@@ -170,21 +170,23 @@ def test_plan_prices_the_layout_training_runs(profile, preset):
     cfg = layered_config(profile, **({"preset": preset} if preset else {}))
     plan = build(cfg, allow_unknown_data=True)
     lay, t, backend = plan["layout"], cfg["train"], cfg["train"]["backend"]
-    assert lay["source"] == "training config" and lay["what_if"] == {} and lay["backend"] == backend
-    per_node = cfg["neuron"]["cores_per_node"] if backend == "neuron" else t["nproc"]
-    if backend == "neuron":
-        n = cfg["neuron"]
-        assert (lay["tp"], lay["pp"], lay["zero"]) == (n["tp"], n["pp"], int(n["zero1"]))
-    else:
+    p = cfg["parallel"]
+    assert lay["from"] == "parallel" and lay["backend"] == backend
+    per_node = p["nproc_per_node"]
+    assert (lay["tp"], lay["pp"], lay["zero"], lay["activation_checkpointing"]) == (
+        p["tp"], p["pp"], p["zero"], p["activation_checkpointing"])
+    if backend == "neuron":  # one process per NeuronCore, ZeRO-1, selective checkpointing: NxD's recipes
+        assert per_node == {"trn1": 32, "trn2": 64}[cfg["neuron"]["hw_backend"]] and p["zero"] == 1
+        assert p["activation_checkpointing"] == "selective"
+    else:  # Gemini is ZeRO-3
         assert cfg["colossal"]["plugin"] == "gemini" and (lay["tp"], lay["pp"], lay["zero"]) == (1, 1, 3)
-        assert lay["activation_checkpointing"] == cfg["colossal"]["gradient_checkpointing"]
     for row in plan["hardware"]:
-        assert row["instances"] == t["nnodes"] and row["devices"] == t["nnodes"] * per_node
+        assert row["instances"] == p["nnodes"] and row["devices"] == p["nnodes"] * per_node
         assert row["dp"] == row["devices"] // (lay["tp"] * lay["pp"])
     # more nodes in the training config: the plan follows, no separate knob to forget
-    bigger = layered_config(profile, **({"preset": preset} if preset else {}), train={"nnodes": 2 * t["nnodes"],
-                            "global_batch_size": 2 * t["global_batch_size"]})
-    assert build(bigger, allow_unknown_data=True)["hardware"][0]["devices"] == 2 * t["nnodes"] * per_node
+    bigger = layered_config(profile, **({"preset": preset} if preset else {}), parallel={"nnodes": 2 * p["nnodes"]},
+                            train={"global_batch_size": 2 * t["global_batch_size"]})
+    assert build(bigger, allow_unknown_data=True)["hardware"][0]["devices"] == 2 * p["nnodes"] * per_node
 
 
 def test_plan_rule_gets_the_backend_layout(tmp_path):
@@ -193,16 +195,22 @@ def test_plan_rule_gets_the_backend_layout(tmp_path):
                            "preset=llama-3-70b-trn1", f"results_dir={tmp_path}"], cwd=REPO, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    cfg = cfgmod.validate(shell_config(proc.stdout, "plan"))
-    assert parallelism.trained(cfg)["tp"] == 32 == layered_config("slurm-trn1", preset="llama-3-70b-trn1")["neuron"]["tp"]
+    cfg = cfgmod.validate(shell_config(proc.stdout, "plan"), whole=False)  # a job's slice
+    assert parallelism.trained(cfg)["tp"] == 32 == layered_config("slurm-trn1", preset="llama-3-70b-trn1")["parallel"]["tp"]
 
 
-def test_what_if_overrides_are_labelled():
-    cfg = layered_config("slurm-trn1", plan={"tp": 16})
+@pytest.mark.parametrize("old, new", sorted(parallelism.MOVED.items()))
+def test_old_parallelism_keys_name_the_new_one(old, new):
+    section, key = old.split(".")
+    with pytest.raises(cfgmod.ConfigError, match=f"'{old}' is now '{new}'"):
+        cfgmod.validate({section: {key: 2}})
+
+
+def test_a_what_if_is_another_parallel_section():
+    cfg = layered_config("slurm-trn1", parallel={"tp": 16, "nnodes": 8})
     plan = build(cfg, allow_unknown_data=True)
-    assert plan["layout"]["source"] == "what-if" and plan["layout"]["tp"] == 16
-    assert plan["layout"]["what_if"]["tp"] == {"plan": 16, "trained": cfg["neuron"]["tp"], "trained_key": "neuron.tp"}
-    assert any(w.startswith("what-if: plan.tp 16 (training runs neuron.tp = 8)") for w in plan["warnings"])
+    assert (plan["layout"]["tp"], plan["layout"]["instances"]) == (16, 8)
+    assert plan["hardware"][0]["dp"] == 8 * 32 // 16
 
 
 @pytest.fixture(scope="module")
@@ -227,9 +235,9 @@ def test_planning_dag_labels_say_what_each_rule_asks_for(trn1_dag):
     cfg = layered_config("slurm-trn1")
     prof = yaml.safe_load((REPO / "profiles/slurm-trn1/config.v8+.yaml").read_text())
     train = result["labels"]["train_neuron"]
-    nodes, res = cfg["train"]["nnodes"], prof["set-resources"]["train_neuron"]
+    nodes, res = cfg["parallel"]["nnodes"], prof["set-resources"]["train_neuron"]
     assert train[0] == f"1 job(s) x {nodes} nodes"
-    assert train[1] == (f"{cfg['neuron']['cores_per_node']} NeuronCores/node, {res['cpus_per_task']} CPUs, "
+    assert train[1] == (f"{cfg['parallel']['nproc_per_node']} NeuronCores/node, {res['cpus_per_task']} CPUs, "
                         f"{res['mem_mb'] / 1000:g} GB, {res['runtime'] / 60:g} h, exclusive")
     plan = result["plan"]
     assert train[2] == f"plan: {cfg['train']['max_steps']:,} steps x {cfg['train']['global_batch_size'] * 4096:,} tokens"

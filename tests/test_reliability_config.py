@@ -1,5 +1,5 @@
 """Config fuzzing (hypothesis): every key of the schema gets wrong types, out-of-range (negative)
-values, unknown sibling keys; cross-key rules (batch divisibility, heads, seq_len vs plan.tp) and
+values, unknown sibling keys; cross-key rules (batch divisibility, heads, seq_len vs parallel.tp) and
 unsafe run names. Each bad config is refused by validation (what Snakemake runs at parse time,
 before any job) with a message naming the offending key; Snakemake itself refuses two of them
 without creating any output folder.
@@ -129,7 +129,8 @@ def test_unsafe_run_names_are_refused(name):
 @given(st.integers(1, 64), st.integers(1, 16), st.integers(1, 8), st.integers(1, 4))
 def test_global_batch_must_divide_into_micro_batches_and_processes(gbs, mbs, nproc, nnodes):
     cfg = with_value("train", "global_batch_size", gbs)
-    cfg["train"].update(micro_batch_size=mbs, nproc=nproc, nnodes=nnodes)
+    cfg["train"]["micro_batch_size"] = mbs
+    cfg["parallel"] = {"nproc_per_node": nproc, "nnodes": nnodes}
     if gbs % (mbs * nproc * nnodes) == 0:
         cfgmod.validate(cfg)
     else:
@@ -154,11 +155,12 @@ def test_model_shape_rules(hidden, heads, kv):
 @given(st.integers(2, 9000), st.sampled_from([1, 2, 3, 4, 8, 16]))
 def test_seq_len_must_divide_by_tensor_parallel_degree(seq_len, tp):
     cfg = with_value("train", "seq_len", seq_len)
-    cfg.setdefault("plan", {})["tp"] = tp
+    cfg["train"]["backend"], cfg["colossal"] = "colossal", {"plugin": "3d"}  # trains tensor parallel
+    cfg["parallel"] = {"tp": tp}
     if seq_len % tp == 0:
         cfgmod.validate(cfg)
     else:
-        assert "'train.seq_len'" in refused(cfg) and "'plan.tp'" in refused(cfg)
+        assert "'train.seq_len'" in refused(cfg) and "'parallel.tp'" in refused(cfg)
 
 
 def test_yaml_exponent_floats_are_numbers(tmp_path):

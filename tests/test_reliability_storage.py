@@ -76,7 +76,7 @@ def commands(prepared, out):
                      "--tokenizer", str(prepared["tokenizer"]), "--out", str(out / "tokens" / "shard-00000.safetensors")],
         "pack": ["pack", "--config", cfg, "--store", str(prepared["manifest"]), "--format", "hf",
                  "--tokenizer", str(prepared["tokenizer"]), "--out", str(out / "views" / "hf")],
-        "train": ["train", "--config", cfg, "--init", str(prepared["init"]), "--data", str(prepared["view"]),
+        "train": ["torch-train", "--config", cfg, "--init", str(prepared["init"]), "--data", str(prepared["view"]),
                   "--checkpoints", str(out / "ckpt"), "--metrics", str(out / "metrics.jsonl"), "--out", str(out / "final")],
     }
 

@@ -21,7 +21,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from llmpipe.backends.torch import checkpoint as ckpt
+from llmpipe.train import checkpoint as ckpt
 from tests.conftest import REPO, merge
 
 pytestmark = pytest.mark.slow
@@ -30,7 +30,7 @@ OVER = {"train": {"save_interval": 2, "keep_checkpoints": 2}}
 
 
 def train_cmd(prepared, cfg, out):
-    return ["train", "--config", json.dumps(cfg), "--init", str(prepared["init"]), "--data", str(prepared["view"]),
+    return ["torch-train", "--config", json.dumps(cfg), "--init", str(prepared["init"]), "--data", str(prepared["view"]),
             "--checkpoints", str(out / "ckpt"), "--metrics", str(out / "metrics.jsonl"), "--out", str(out / "final")]
 
 

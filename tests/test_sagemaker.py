@@ -98,12 +98,13 @@ def test_loopback_guard_refuses_the_outside(aws, tmp_path):
     log.unlink()  # expected here; any other test leaving a record fails
 
 
-def sm_config(tmp: Path, mode: str = "algorithm", **over) -> dict:
+def sm_config(tmp: Path, mode: str = "algorithm", instances: int = 2, processes: int | None = None, **over) -> dict:
     sm = {"mode": mode, "role_arn": ROLE, "s3_prefix": f"s3://{BUCKET}/runs", "region": "us-east-1",
-          "instance_type": "ml.p5.48xlarge", "instance_count": 2, "volume_size_gb": 3, "keep_alive_seconds": 900,
+          "instance_type": "ml.p5.48xlarge", "volume_size_gb": 3, "keep_alive_seconds": 900,
           "max_runtime_seconds": 7200, "poll_seconds": 0.01, "tags": {"team": "nlp"}, **over}
     sm.setdefault(*(("algorithm_name", ALGORITHM) if mode == "algorithm" else ("image_uri", IMAGE)))
-    return tiny_config(tmp, train={"backend": "sagemaker"}, data={"views": ["hf", "litgpt"]}, sagemaker=sm)
+    return tiny_config(tmp, train={"backend": "sagemaker"}, data={"views": ["hf", "litgpt"]}, sagemaker=sm,
+                       parallel={"nnodes": instances, "nproc_per_node": processes})
 
 
 def tar_folder(folder: Path, arcname: str = "") -> bytes:
@@ -445,7 +446,7 @@ def test_litgpt_checkpoint_converts_to_the_same_model(prepared, tmp_path, interl
 def test_image_mode_request_and_entry_train_our_model(aws, prepared, tmp_path):
     """The request of mode image, then its entry point run as SageMaker would run it (a local /opt/ml
     tree made from the uploaded channels and the request's hyperparameters): the real torch trainer."""
-    cfg = sm_config(tmp_path, mode="image", processes_per_instance=1, instance_count=1)
+    cfg = sm_config(tmp_path, mode="image", processes=1, instances=1)
     manifest = tmp_path / "inputs.json"
     upload.upload_inputs(cfg, prepared["view"], prepared["init"], manifest, s3=aws["s3"])
     inputs = json.loads(manifest.read_text())

@@ -162,7 +162,7 @@ def test_one_node_two_processes_through_srun_and_torchrun(slurm, pipeline):
     head node and port; 2 gloo processes give the 1-process losses (warmup steps share their LR)."""
     work, run = pipeline["work"], pipeline["run"]
     shutil.rmtree(run / "checkpoints" / "torch", ignore_errors=True)
-    cfg = overlay(work, "srun", {"train": {"nproc": 2, "threads": 1, "launcher": "srun", "max_steps": 12},
+    cfg = overlay(work, "srun", {"train": {"threads": 1, "launcher": "srun", "max_steps": 12}, "parallel": {"nproc_per_node": 2},
                                  "resources": {"train": {"mem_mb": 3000, "runtime": 20}}})
     proc = snakemake(work, FINAL, "--configfile", cfg, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -173,7 +173,7 @@ def test_one_node_two_processes_through_srun_and_torchrun(slurm, pipeline):
     assert ("srun --overlap --kill-on-bad-exit=1 --nodes=1 --ntasks=1 --ntasks-per-node=1 --cpus-per-task=2 "
             in log), log[:3000]
     assert (f"-m torch.distributed.run --nnodes 1 --node_rank 0 --nproc_per_node 2 --master_addr localhost "
-            f"--master_port {port} -m llmpipe train" in log), log[:3000]
+            f"--master_port {port} -m llmpipe torch-train" in log), log[:3000]
     assert "world 2," in log
     summary = json.loads((run / "checkpoints" / "torch" / "final" / "train_summary.json").read_text())
     assert summary["world_size"] == 2
@@ -218,7 +218,7 @@ def test_scancel_mid_training_is_retried_and_resumes_bit_exactly(slurm, pipeline
     base = yaml.safe_load((work / "config" / "config.yaml").read_text())
     config = {**base, "train": {**base["train"], **train}}
     ref = tmp_path / "ref"
-    subprocess.run([sys.executable, "-m", "llmpipe", "train", "--config", json.dumps(config),
+    subprocess.run([sys.executable, "-m", "llmpipe", "torch-train", "--config", json.dumps(config),
                     "--init", str(run / "checkpoints" / "init"), "--data", str(run / "data" / "views" / "hf"),
                     "--checkpoints", str(ref / "ckpt"), "--metrics", str(ref / "metrics.jsonl"), "--out",
                     str(ref / "final")], cwd=work, check=True, capture_output=True, timeout=600)
@@ -234,7 +234,7 @@ def test_scancel_mid_training_is_retried_and_resumes_bit_exactly(slurm, pipeline
 def test_more_nodes_than_the_cluster_has_fails_at_submit(slurm, pipeline):
     # 2 CPUs: only nodes are short. resume false: the pipeline's checkpoints were trained with other
     # settings (max_steps), which would stop the run at parse time, before any submit.
-    cfg = overlay(pipeline["work"], "nodes", {"train": {"nnodes": 2, "threads": 1, "resume": False}})
+    cfg = overlay(pipeline["work"], "nodes", {"train": {"threads": 1, "resume": False}, "parallel": {"nnodes": 2}})
     proc = snakemake(pipeline["work"], FINAL, "--configfile", cfg, timeout=120)
     out = proc.stdout + proc.stderr
     assert proc.returncode not in (0, 124, 137) and "Node count specification invalid" in out, out[-3000:]
@@ -265,7 +265,7 @@ def test_trn1_profile_resources_per_rule_and_config_overrides(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     jobs = dry_run_jobs(proc.stdout)
     assert "train_torch" not in {rule for rule, _, _ in jobs}  # the profile trains neuron by itself
-    nodes = yaml.safe_load((REPO / "config/presets/llama-2-7b-trn1.yaml").read_text())["train"]["nnodes"]
+    nodes = yaml.safe_load((REPO / "config/presets/llama-2-7b-trn1.yaml").read_text())["parallel"]["nnodes"]
     for name in ("train_neuron", "neuron_precompile"):
         (train,) = [r for rule, r, _ in jobs if rule == name]
         assert {k: train[k] for k in ("nodes", "tasks", "cpus_per_task", "mem_mb", "slurm_extra")} == {
@@ -275,7 +275,7 @@ def test_trn1_profile_resources_per_rule_and_config_overrides(tmp_path):
     assert len(tokenize) == 2 and all(t == 4 and r["mem_mb"] == "16000" and r["runtime"] == "240" for r, t in tokenize)
 
     over = tmp_path / "o.yaml"
-    over.write_text(yaml.safe_dump({"train": {"nnodes": 8, "global_batch_size": 32},
+    over.write_text(yaml.safe_dump({"train": {"global_batch_size": 32}, "parallel": {"nnodes": 8},
                                     "resources": {"default": {"slurm_partition": "trn1"}, "train": {"runtime": 600},
                                                   "tokenize": {"mem_mb": 4000}}}))
     proc = snakemake(REPO, "-n", "-p", "--cores", "1024", "--config", f"results_dir={tmp_path}", "--configfile",

@@ -58,7 +58,7 @@ def test_a_batch_larger_than_the_data_warns_in_plan_and_training_log(tmp_path, p
     plan = build(cfg, view=prepared["view"], model=prepared["init"])
     assert any(f"global_batch_size {gbs} exceeds the {rows} train rows" in w and "4.00 epochs per step" in w
                for w in plan["warnings"])
-    proc = subprocess.run([sys.executable, "-m", "llmpipe", "train", "--config", json.dumps(cfg), "--init",
+    proc = subprocess.run([sys.executable, "-m", "llmpipe", "torch-train", "--config", json.dumps(cfg), "--init",
                            str(prepared["init"]), "--data", str(prepared["view"]), "--checkpoints", str(tmp_path / "ck"),
                            "--metrics", str(tmp_path / "m.jsonl"), "--out", str(tmp_path / "final")],
                           capture_output=True, text=True, timeout=600)

@@ -17,7 +17,7 @@ def run_train(prepared, tmp, name, cfg_over=None, stop_after=None, nproc=1, expe
     out = tmp / name
     launcher = [sys.executable, "-m", "llmpipe"] if nproc == 1 else [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "llmpipe"]
-    cmd = launcher + ["train", "--config", json.dumps(cfg), "--init", str(prepared["init"]),
+    cmd = launcher + ["torch-train", "--config", json.dumps(cfg), "--init", str(prepared["init"]),
                       "--data", str(prepared["view"]), "--checkpoints", str(out / "ckpt"),
                       "--metrics", str(out / "metrics.jsonl"), "--out", str(out / "final")]
     if stop_after:

@@ -13,13 +13,13 @@ import torch
 from safetensors.torch import load_file
 
 from llmpipe import config as cfgmod
-from llmpipe.backends.torch import checkpoint as ckpt
+from llmpipe.train import checkpoint as ckpt
 from tests.conftest import merge
 
 
 def run_train(prepared, tmp, over, name, stop_after=None):
     cfg = cfgmod.validate(merge(prepared["cfg"], over))
-    args = [sys.executable, "-m", "llmpipe", "train", "--config", json.dumps(cfg), "--init", str(prepared["init"]),
+    args = [sys.executable, "-m", "llmpipe", "torch-train", "--config", json.dumps(cfg), "--init", str(prepared["init"]),
             "--data", str(prepared["view"]), "--checkpoints", str(tmp / f"{name}-ck"), "--metrics",
             str(tmp / f"{name}.jsonl"), "--out", str(tmp / f"{name}-final")]
     if stop_after:
@@ -72,7 +72,7 @@ def test_non_finite_step_stops_training_and_checkpoints_stay_finite(tmp_path, pr
     proc = run_train(prepared, tmp_path, merge(BLOW_UP, {"train": {"skip_nonfinite_steps": skips}}), "nan")
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     stop = 2 + skips
-    assert f"llmpipe train: step {stop}: grad_norm nan: training stopped before updating the weights" in proc.stderr
+    assert f"llmpipe torch-train: step {stop}: grad_norm nan: training stopped before updating the weights" in proc.stderr
     for s in range(2, stop):
         assert f"step {s}: grad_norm nan: skipped, no update" in proc.stderr
     root = tmp_path / "nan-ck"
@@ -131,3 +131,55 @@ def test_changed_hyperparameter_stops_before_any_job_and_deletes_nothing(tmp_pat
     (work / "c.yaml").write_text(yaml.safe_dump(cfg))
     dry = snakemake("-n")
     assert dry.returncode == 0 and "rule train_torch:" in dry.stdout
+
+
+# ---------------------------------------------------------------- one training core (llmpipe.train)
+
+def test_trainers_share_one_core_no_copies():
+    """torch, colossal and levanter trainers use llmpipe.train's metrics, fingerprint, optimizer, loss and
+    checkpoint steps; none defines its own."""
+    from llmpipe.backends.colossal import train as colossal
+    from llmpipe.backends.levanter import train as levanter
+    from llmpipe.backends.torch import checkpoint as torch_ckpt
+    from llmpipe.backends.torch import train as torch_train
+    from llmpipe.train import checkpoint, loop, loss, metrics, optim, resume
+
+    shared = {"MetricsWriter": metrics.MetricsWriter, "fingerprint": resume.fingerprint,
+              "resume_state": resume.resume_state, "build_optimizer": optim.build_optimizer,
+              "lm_loss_sum": loss.lm_loss_sum, "label_count": loss.label_count, "StepLoop": loop.StepLoop,
+              "CheckpointError": checkpoint.CheckpointError}
+    for module in (torch_train, colossal):
+        for name, obj in shared.items():
+            assert getattr(module, name) is obj, (module.__name__, name)
+        for old in ("Metrics", "loss_sum", "IGNORE_INDEX", "RESUME_NEUTRAL", "hashlib"):
+            assert not hasattr(module, old), (module.__name__, old)
+    assert colossal.seal is checkpoint.seal and colossal.step_dir is checkpoint.step_dir
+    assert torch_ckpt.seal is checkpoint.seal and torch_ckpt.prune is checkpoint.prune
+    for name in ("newest_intact", "complete_steps", "damaged", "STEP_RE"):
+        assert not hasattr(torch_ckpt, name), name
+    assert levanter.read_records is metrics.read_records and levanter.write_records is metrics.write_records
+    assert not hasattr(levanter, "Metrics")
+
+
+def test_metrics_writer_of_every_trainer_copes_with_a_line_cut_short(tmp_path):
+    """A kill mid-write leaves metrics.jsonl's last line cut short; the resumed run (torch or colossal)
+    keeps the whole lines up to its step, drops the rest and appends strict JSON; Levanter's merge reads
+    the same file."""
+    from llmpipe.backends.colossal import train as colossal
+    from llmpipe.backends.levanter.train import LoggerRecords
+    from llmpipe.backends.torch import train as torch_train
+
+    whole = "".join(json.dumps({"step": s, "loss": 3.0 - s / 10}) + "\n" for s in (1, 2, 3))
+    for module in (colossal, torch_train):
+        path = tmp_path / module.__name__ / "metrics.jsonl"
+        path.parent.mkdir()
+        path.write_text(whole + '{"step": 4, "loss": 2.')  # cut short by the kill
+        writer = module.MetricsWriter(path, 2, True)  # resumed from step 2: step 3 is trained again
+        writer.write({"step": 3, "loss": float("nan")})
+        writer.close()
+        records = [json.loads(x, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
+                   for x in path.read_text().splitlines()]
+        assert [r["step"] for r in records] == [1, 2, 3], module.__name__
+        assert records[-1] == {"step": 3, "loss": None, "nonfinite": ["loss"]}
+        (tmp_path / "lev.jsonl").write_text(whole + '{"step": 4, "lo')
+        assert sorted(LoggerRecords(tmp_path / "lev.jsonl").records) == [1, 2, 3]

@@ -90,17 +90,17 @@ def test_embedded_default_end_to_end(workdir):
 
 def test_ddp_config_launches_torchrun_and_local_tokenizer_is_copied(workdir, tmp_path):
     overlay = tmp_path / "o.yaml"
-    overlay.write_text("run: ddp\ntrain: {nproc: 2, threads: 1}\ntokenizer: {source: data/tokenizers/gpt2}\n")
+    overlay.write_text("run: ddp\ntrain: {threads: 1}\nparallel: {nproc_per_node: 2}\ntokenizer: {source: data/tokenizers/gpt2}\n")
     proc = snakemake(workdir, "-n", "-p", "--configfile", str(overlay), timeout=120)
     assert proc.returncode == 0, proc.stderr
     launch = "python -m llmpipe launch --nproc-per-node 2 --nnodes 1 --launcher auto"
-    assert f"{launch} -- -m llmpipe train" in proc.stdout
+    assert f"{launch} -- -m llmpipe torch-train" in proc.stdout
     # ... which runs torchrun --standalone outside Slurm
-    cmd = subprocess.run([sys.executable, *launch.split()[1:], "--dry-run", "--", "-m", "llmpipe", "train"],
+    cmd = subprocess.run([sys.executable, *launch.split()[1:], "--dry-run", "--", "-m", "llmpipe", "torch-train"],
                          cwd=workdir, capture_output=True, text=True, timeout=60,
                          env={k: v for k, v in os.environ.items() if not k.startswith("SLURM_")})
     assert cmd.stdout.split()[1:] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                                      "-m", "llmpipe", "train"], cmd.stdout + cmd.stderr
+                                      "-m", "llmpipe", "torch-train"], cmd.stdout + cmd.stderr
     assert "data/tokenizers/gpt2/tokenizer.json" in proc.stdout  # tracked as the tokenizer rule's input
     assert "results/ddp/" in proc.stdout and "max_steps" in proc.stdout
 

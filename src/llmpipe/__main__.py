@@ -9,7 +9,7 @@ import os
 import re
 import sys
 
-COMMANDS = {
+CORE_COMMANDS = {
     "get-data": "llmpipe.data.get_data",
     "tokenizer": "llmpipe.data.tokenizer",
     "tokenize": "llmpipe.data.tokenize",
@@ -17,29 +17,27 @@ COMMANDS = {
     "pack": "llmpipe.data.pack_views",
     "verify": "llmpipe.data.verify",
     "init-model": "llmpipe.model.init",
-    "train": "llmpipe.backends.torch.train",
     "launch": "llmpipe.launch",
     "export": "llmpipe.export",
     "evaluate": "llmpipe.evaluate",
     "check-config": "llmpipe.check_config",
+    "backends": "llmpipe.backends.cli",
     "plan": "llmpipe.plan",
     "dag": "llmpipe.dag",
     "report": "llmpipe.report",
-    "train-colossal": "llmpipe.backends.colossal.train",
     "download-model": "llmpipe.hub.download",
     "download-dataset": "llmpipe.hub.datasets",
     "model-card": "llmpipe.hub.card",
     "release": "llmpipe.hub.release",
-    "sagemaker-upload": "llmpipe.backends.sagemaker.upload",
-    "sagemaker-train": "llmpipe.backends.sagemaker.jobs",
-    "levanter-cache": "llmpipe.backends.levanter.cache",
-    "levanter-config": "llmpipe.backends.levanter.config",
-    "levanter-train": "llmpipe.backends.levanter.train",
-    "neuron-shard": "llmpipe.backends.neuron.shard",
-    "neuron-merge": "llmpipe.backends.neuron.merge",
-    "neuron-precompile": "llmpipe.backends.neuron.precompile",
-    "neuron-train": "llmpipe.backends.neuron.commands",
 }
+RENAMED = {"train": "torch-train", "train-colossal": "colossal-train"}  # backend commands are <backend>-<step>
+
+
+def commands() -> dict[str, str]:
+    """The core steps, then each backend's <backend>-<step> commands (llmpipe.backends)."""
+    from llmpipe import backends
+
+    return {**CORE_COMMANDS, **backends.commands()}
 
 
 def fail_once(command: str) -> None:
@@ -58,13 +56,16 @@ def fail_once(command: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        print(__doc__ + "\n\ncommands:\n" + "\n".join(f"  {c}" for c in COMMANDS), file=sys.stderr)
+    table = commands()
+    if argv and argv[0] in RENAMED:
+        sys.exit(f"llmpipe {argv[0]}: renamed to `llmpipe {RENAMED[argv[0]]}` (backend commands are <backend>-<step>)")
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in table:
+        print(__doc__ + "\n\ncommands:\n" + "\n".join(f"  {c}" for c in table), file=sys.stderr)
         sys.exit(0 if argv and argv[0] in ("-h", "--help") else 2)
     fail_once(argv[0])
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
-        importlib.import_module(COMMANDS[argv[0]]).main(argv[1:])
+        importlib.import_module(table[argv[0]]).main(argv[1:])
     except Exception as exc:
         message = storage_error(exc, argv)
         if message is None or os.environ.get("LLMPIPE_DEBUG"):

@@ -20,10 +20,22 @@ class ConfigError(ValueError):
     """A config key is unknown, mistyped or out of range."""
 
 
+def _read_yaml(path: Path):
+    return yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
 @functools.lru_cache(maxsize=1)
 def _schema() -> dict:
-    """Parsed once per process (validation runs for every job and every hypothesis example)."""
-    return yaml.load(SCHEMA_PATH.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    """The one schema: config_schema.yaml plus each backend's section (its schema.yaml), train.backend
+    limited to the backends there are. Built once per process (validation runs for every job)."""
+    from llmpipe import backends
+
+    schema = _read_yaml(SCHEMA_PATH)
+    schema["properties"]["train"]["properties"]["backend"]["enum"] = backends.available()
+    for b in backends.all_backends():
+        if b.section_schema:
+            schema["properties"][b.name] = _read_yaml(Path(b.section_schema))
+    return schema
 
 
 def load_schema() -> dict:
@@ -99,25 +111,39 @@ def _describe(error: jsonschema.ValidationError, schema: dict) -> str:
             alias = ALIASES.get(key.lower())
             hint = [alias] if alias in known else difflib.get_close_matches(key, known, n=1)
             if path[:1] == ["resources"] and key in ("nodes", "tasks"):
-                hint = ["train.nnodes"]  # nodes follow the launch, so they are set in one place
+                hint = ["parallel.nnodes"]  # nodes follow the launch, so they are set in one place
             parts.append(f"unknown key '{full}'" + (f" (did you mean '{hint[0]}'?)" if hint else ""))
         return "; ".join(parts) + f"; allowed here: {', '.join(known)}"
-    return f"'{where}': {error.message}"
+    hint = ""
+    if error.validator == "enum" and isinstance(error.instance, str):
+        close = difflib.get_close_matches(error.instance, [str(v) for v in error.validator_value], n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"'{where}': {error.message}{hint}"
 
 
-def validate(config: dict | None) -> dict:
+def validate(config: dict | None, whole: bool = True) -> dict:
     """Validate a config (mutated in place: defaults filled) and return it.
 
-    Raises ConfigError naming every offending key.
+    whole: also run the selected backend's checks (check-config and the workflow, where the whole config
+    is known; a job's slice of it, read by `load`, was checked there). Raises ConfigError naming every
+    offending key.
     """
     config = {} if config is None else config
+    from llmpipe import parallelism
+
+    moved = parallelism.moved_keys(config)
+    if moved:
+        raise ConfigError("invalid llmpipe config:\n" + "\n".join(f"  - {m}" for m in moved))
     schema = _schema()  # read only
     _coerce_numbers(config, schema, schema)
     errors = sorted(_Validator(schema).iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
     if errors:
         lines = "\n".join(f"  - {_describe(e, schema)}" for e in errors)
         raise ConfigError(f"invalid llmpipe config:\n{lines}")
-    problems = _cross_checks(config)
+    parallelism.resolve(config)
+    problems = _cross_checks(config) + _hub_checks(config)
+    if whole and not problems:  # a backend's checks may assume the shared keys are consistent
+        problems = backend_checks(config)
     if problems:
         raise ConfigError("invalid llmpipe config:\n" + "\n".join(f"  - {p}" for p in problems))
     return config
@@ -128,10 +154,6 @@ def _cross_checks(config: dict) -> list[str]:
     train, model, out = config["train"], config["model"], []
     if train["min_lr"] > train["lr"]:
         out.append(f"'train.min_lr' ({train['min_lr']}) exceeds 'train.lr' ({train['lr']})")
-    per_step = train["micro_batch_size"] * train["nproc"] * train["nnodes"]
-    if train["backend"] == "torch" and train["global_batch_size"] % per_step:  # torch: every process is a data rank
-        out.append(f"'train.global_batch_size' ({train['global_batch_size']}) is not a multiple of 'train.micro_batch_size'"
-                   f" x 'train.nproc' x 'train.nnodes' ({train['micro_batch_size']} x {train['nproc']} x {train['nnodes']})")
     heads, kv = model["num_attention_heads"], model["num_key_value_heads"]
     if not model["init_from"]:  # a base model brings its own shape
         if model["hidden_size"] % heads:
@@ -141,25 +163,34 @@ def _cross_checks(config: dict) -> list[str]:
                        " must be even (rotary embeddings rotate pairs)")
         if heads % kv:
             out.append(f"'model.num_attention_heads' ({heads}) is not a multiple of 'model.num_key_value_heads' ({kv})")
-    from llmpipe.parallelism import tp_of
-
-    tp, tp_key = tp_of(config)
+    tp = config["parallel"]["tp"]
     if train["seq_len"] % tp:
-        out.append(f"'train.seq_len' ({train['seq_len']}) is not a multiple of '{tp_key}' ({tp}): sequence parallelism"
+        out.append(f"'train.seq_len' ({train['seq_len']}) is not a multiple of 'parallel.tp' ({tp}): sequence parallelism"
                    " splits each sequence over the tensor-parallel ranks")
     if train["slurm_auto_resume"]:
-        if train["backend"] not in ("torch", "colossal", "neuron") or config["colossal"]["launcher"] == "colossalai" and train["backend"] == "colossal":
+        if train["backend"] not in ("torch", "colossal", "neuron"):
             out.append(f"'train.slurm_auto_resume' applies to jobs launched with srun (backends torch, neuron, colossal with"
                        f" colossal.launcher llmpipe); train.backend is {train['backend']!r}")
         elif train["launcher"] == "local":
             out.append("'train.slurm_auto_resume' needs srun, but 'train.launcher' is local")
-    if (train["backend"] == "colossal" and config["colossal"]["launcher"] == "colossalai"
-            and re.search(r"[^\w./+:-]", config["results_dir"])):
-        out.append(f"'results_dir' ({config['results_dir']!r}) has characters `colossalai run` would pass through a shell "
-                   "unquoted (it joins its arguments into one command line): use colossal.launcher llmpipe, or a plain path")
     if model["init_from"] is None and config["tokenizer"]["source"] == "base":
         out.append("'tokenizer.source' is 'base' (the base model's tokenizer) but 'model.init_from' is not set")
     return out
+
+
+def _hub_checks(config: dict) -> list[str]:
+    release = config["hub"]["release"]
+    if release["enabled"] and not release["repo_id"]:
+        return ["'hub.release.enabled' is true but 'hub.release.repo_id' is not set"]
+    return []
+
+
+def backend_checks(config: dict) -> list[str]:
+    """The selected backend's own checks (llmpipe.backends: Backend.checks)."""
+    from llmpipe import backends
+
+    backend = backends.get(config["train"]["backend"])
+    return backend.checks(config) if backend.checks else []
 
 
 EXP_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$")
@@ -192,10 +223,11 @@ class _Loader(yaml.SafeLoader):
 _Loader.add_implicit_resolver("tag:yaml.org,2002:float", EXP_FLOAT, list("-+0123456789."))
 
 
-def load(source: str | Path | dict | None) -> dict:
-    """Config from a YAML/JSON file path, inline JSON text or a dict; validated, defaults filled."""
+def load(source: str | Path | dict | None, whole: bool = False) -> dict:
+    """Config from a YAML/JSON file path, inline JSON text or a dict; validated, defaults filled.
+    Jobs read the slice of the config they depend on: whole=False skips the backend's checks (see validate)."""
     if source is None or isinstance(source, dict):
-        return validate(copy.deepcopy(source))
+        return validate(copy.deepcopy(source), whole)
     text = str(source)
     if text.lstrip().startswith("{"):
         data = json.loads(text)
@@ -206,7 +238,7 @@ def load(source: str | Path | dict | None) -> dict:
         data = yaml.load(path.read_text(), Loader=_Loader)
     if data is not None and not isinstance(data, dict):
         raise ConfigError(f"config must be a mapping, got {type(data).__name__}")
-    return validate(data)
+    return validate(data, whole)
 
 
 def run_dir(config: dict) -> Path:

@@ -87,10 +87,10 @@ def asks(rule: str, info: dict, job: dict, plan: dict | None) -> list[str]:
     if res.get("gpu") not in (None, "0"):
         devices.append(f"{res['gpu']} GPUs")
     if info["backend"] == "neuron" and TRAINING.match(rule):
-        devices.append(f"{cfg['neuron']['cores_per_node']} NeuronCores/node")
+        devices.append(f"{cfg['parallel']['nproc_per_node']} NeuronCores/node")
     if info["backend"] == "sagemaker" and rule == "train_sagemaker":
         s = cfg["sagemaker"]
-        devices.append(f"SageMaker {s['instance_count']} x {s['instance_type']}")
+        devices.append(f"SageMaker {cfg['parallel']['nnodes']} x {s['instance_type']}")
     if info["backend"] == "levanter" and rule == "train_levanter":
         devices.append(f"JAX on {cfg['levanter']['jax_platforms'] or 'the default platform'}")
     cpus = res.get("cpus_per_task") or str(job["threads"])

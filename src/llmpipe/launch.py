@@ -2,7 +2,7 @@
 node of a Slurm job, and exec it (the log shows the command).
 
   python -m llmpipe launch [--nproc-per-node N] [--nnodes N] [--launcher auto|local|srun] [--dry-run] \\
-      -- -m llmpipe train --config ...
+      -- -m llmpipe torch-train --config ...
 
   local, 1 process       python ARGS
   local, N processes     torchrun --standalone --nproc_per_node N ARGS
@@ -120,10 +120,10 @@ def plan(args: list[str], nproc: int, nnodes: int, launcher: str, alloc: Allocat
         return local_command(args, nproc, python)
     if alloc is None:
         raise LaunchError(f"launching on {nnodes} node(s) with srun needs a Slurm job (SLURM_JOB_ID is not set); "
-                          "run under a Slurm profile, or set train.nnodes: 1 and train.launcher: local")
+                          "run under a Slurm profile, or set parallel.nnodes: 1 and train.launcher: local")
     if len(alloc.hosts) != nnodes:
         raise LaunchError(f"Slurm job {alloc.job_id} has {len(alloc.hosts)} node(s) ({','.join(alloc.hosts)}) "
-                          f"but {nnodes} were asked for (train.nnodes)")
+                          f"but {nnodes} were asked for (parallel.nnodes)")
     return srun_command(args, alloc, nproc, port, python, auto_resume)
 
 
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="llmpipe launch", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nproc-per-node", type=int, default=1)
-    p.add_argument("--nnodes", type=int, default=1, help="nodes expected (train.nnodes); checked against the Slurm job")
+    p.add_argument("--nnodes", type=int, default=1, help="nodes expected (parallel.nnodes); checked against the Slurm job")
     p.add_argument("--launcher", default="auto", choices=["auto", "local", "srun"])
     p.add_argument("--port", type=int, default=None, help="rendezvous port (default 29500 + job id %% 1000)")
     p.add_argument("--auto-resume", action="store_true", help="HyperPod: srun --auto-resume=1 (train.slurm_auto_resume)")
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
     opts = p.parse_args(argv[:split])
     args = argv[split + 1:]
     if not args:
-        raise SystemExit("llmpipe launch: give the python arguments after `--`, e.g. -- -m llmpipe train ...")
+        raise SystemExit("llmpipe launch: give the python arguments after `--`, e.g. -- -m llmpipe torch-train ...")
     if opts.nproc_per_node < 1 or opts.nnodes < 1:
         raise SystemExit("llmpipe launch: --nproc-per-node and --nnodes must be >= 1")
     env = dict(os.environ)

@@ -1,66 +1,72 @@
-"""The parallel layout a config trains with (nodes, processes per node, tp, pp, ZeRO, checkpointing),
-read from the keys each backend really uses, so the plan and the trainer cannot disagree.
+"""The one parallel layout (config section `parallel`), read by the plan and by every backend.
 
-`plan.tp / pp / zero / activation_checkpointing / instances` are what-if overrides for the plan only;
-`planned()` applies them and lists each one beside the trained value.
+Each backend fills the values left null with its own (`Backend.parallel_defaults`) when the config is
+validated, and refuses in its checks what it cannot train, naming the key. The keys these replace stop
+with an error naming the new one (MOVED).
 """
 
 from __future__ import annotations
 
-WHAT_IF_KEYS = ("tp", "pp", "zero", "activation_checkpointing", "instances")
+KEYS = ("nnodes", "nproc_per_node", "tp", "pp", "zero", "activation_checkpointing")
+# Old key -> the parallel key that replaced it.
+MOVED = {
+    "train.nproc": "parallel.nproc_per_node", "train.nnodes": "parallel.nnodes",
+    "colossal.tp": "parallel.tp", "colossal.pp": "parallel.pp", "colossal.zero_stage": "parallel.zero",
+    "colossal.gradient_checkpointing": "parallel.activation_checkpointing",
+    "neuron.tp": "parallel.tp", "neuron.pp": "parallel.pp", "neuron.zero1": "parallel.zero",
+    "neuron.selective_checkpoint": "parallel.activation_checkpointing", "neuron.cores_per_node": "parallel.nproc_per_node",
+    "levanter.gradient_checkpointing": "parallel.activation_checkpointing",
+    "sagemaker.instance_count": "parallel.nnodes", "sagemaker.processes_per_instance": "parallel.nproc_per_node",
+    "plan.tp": "parallel.tp", "plan.pp": "parallel.pp", "plan.zero": "parallel.zero",
+    "plan.activation_checkpointing": "parallel.activation_checkpointing", "plan.instances": "parallel.nnodes",
+}
 
 
-def trained(cfg: dict) -> dict:
-    """The layout training runs with. processes_per_node None = one per device of the instance.
-    activation_checkpointing: False, True (every layer) or "selective" (NxD: attention and MLP recomputed)."""
-    t, backend = cfg["train"], cfg["train"]["backend"]
-    out = {"backend": backend, "nodes": t["nnodes"], "processes_per_node": t["nproc"], "tp": 1, "pp": 1, "zero": 0,
-           "activation_checkpointing": False, "keys": {"nodes": "train.nnodes", "processes_per_node": "train.nproc"}}
-    if backend == "neuron":
-        n = cfg["neuron"]
-        zero1_script = n["script"] == "tp_zero1" or (n["script"] == "auto" and n["pp"] == 1)
-        unselective = zero1_script  # tp_zero1 checkpoints every layer when selective is off; run_llama_nxd.py none
-        out.update(processes_per_node=n["cores_per_node"], tp=n["tp"], pp=n["pp"], zero=1 if n["zero1"] else 0,
-                   activation_checkpointing="selective" if n["selective_checkpoint"] else unselective)
-        out["keys"].update(processes_per_node="neuron.cores_per_node", tp="neuron.tp", pp="neuron.pp",
-                           zero="neuron.zero1", activation_checkpointing="neuron.selective_checkpoint")
-    elif backend == "colossal":
-        c = cfg["colossal"]
-        zero = {"gemini": 3, "gemini_auto": 3, "zero2": 2, "ddp": 0}.get(c["plugin"], c["zero_stage"])
-        if c["plugin"] == "3d":
-            out.update(tp=c["tp"], pp=c["pp"])
-            out["keys"].update(tp="colossal.tp", pp="colossal.pp")
-        out.update(zero=zero, activation_checkpointing=c["gradient_checkpointing"])
-        out["keys"].update(zero="colossal.plugin" if c["plugin"] != "3d" else "colossal.zero_stage",
-                           activation_checkpointing="colossal.gradient_checkpointing")
-    elif backend == "levanter":  # parameters, gradients and optimizer state sharded over the data axis (FSDP)
-        out.update(processes_per_node=None, zero=3,
-                   activation_checkpointing=cfg["levanter"]["gradient_checkpointing"])
-        out["keys"].update(processes_per_node="every device of the slice", zero="Levanter FSDP",
-                           activation_checkpointing="levanter.gradient_checkpointing")
-    elif backend == "sagemaker":
-        s = cfg["sagemaker"]
-        out.update(nodes=s["instance_count"], processes_per_node=s["processes_per_instance"])
-        out["keys"].update(nodes="sagemaker.instance_count", processes_per_node="sagemaker.processes_per_instance")
+def moved_keys(config: dict) -> list[str]:
+    """One message per old parallelism key in `config`, naming the key that replaced it."""
+    out = []
+    for old, new in MOVED.items():
+        section, key = old.split(".")
+        if isinstance(config.get(section), dict) and key in config[section]:
+            out.append(f"'{old}' is now '{new}' (one parallel section for the plan and every backend)")
     return out
 
 
-def planned(cfg: dict) -> tuple[dict, dict]:
-    """(layout the plan prices, what-ifs {key: {"plan": value, "trained": value}}) for this config."""
-    layout = trained(cfg)
-    what_if = {}
-    for key in WHAT_IF_KEYS:
-        value = cfg["plan"].get(key)
-        field = "nodes" if key == "instances" else key
-        if value is not None and value != layout[field]:
-            what_if[key] = {"plan": value, "trained": layout[field], "trained_key": layout["keys"].get(field, "")}
-            layout[field] = value
-    return layout, what_if
+def resolve(cfg: dict) -> None:
+    """Fill the parallel values left null with the backend's (in place; idempotent)."""
+    from llmpipe import backends
+
+    backend = backends.get(cfg["train"]["backend"])
+    defaults = backend.parallel_defaults(cfg) if backend.parallel_defaults else {}
+    p = cfg["parallel"]
+    for key, value in defaults.items():
+        if p[key] is None:
+            p[key] = value
+    for key in ("zero", "activation_checkpointing"):
+        if p[key] is None:
+            p[key] = {"zero": 0, "activation_checkpointing": False}[key]
 
 
-def tp_of(cfg: dict) -> tuple[int, str]:
-    """The tensor-parallel degree the plan uses and the key it comes from."""
-    layout, what_if = planned(cfg)
-    if "tp" in what_if:
-        return layout["tp"], "plan.tp"
-    return layout["tp"], layout["keys"].get("tp", "tp")
+def trained(cfg: dict) -> dict:
+    """The layout training runs with, as the plan prices it. processes_per_node None = one per device."""
+    p = cfg["parallel"]
+    return {"backend": cfg["train"]["backend"], "nodes": p["nnodes"], "processes_per_node": p["nproc_per_node"],
+            "tp": p["tp"], "pp": p["pp"], "zero": p["zero"], "activation_checkpointing": p["activation_checkpointing"]}
+
+
+def refuse(cfg: dict, backend: str, allowed: dict) -> list[str]:
+    """A problem per parallel key whose value `backend` cannot train; allowed: key -> accepted values."""
+    p = cfg["parallel"]
+    return [f"'parallel.{key}' {p[key]!r}: the {backend} backend trains only with {' or '.join(map(repr, ok))}"
+            for key, ok in allowed.items() if p[key] is not None and p[key] not in ok]
+
+
+def data_parallel_problems(cfg: dict) -> list[str]:
+    """Backends where every process is a data rank (torch): the global batch splits evenly over them."""
+    t, p = cfg["train"], cfg["parallel"]
+    per_step = t["micro_batch_size"] * (p["nproc_per_node"] or 1) * p["nnodes"]
+    if t["global_batch_size"] % per_step:
+        return [f"'train.global_batch_size' ({t['global_batch_size']}) is not a multiple of 'train.micro_batch_size'"
+                f" x 'parallel.nproc_per_node' x 'parallel.nnodes' ({t['micro_batch_size']} x {p['nproc_per_node']} x "
+                f"{p['nnodes']})"]
+    return []

@@ -18,8 +18,8 @@ tokenizer; see llmpipe.plan_tokens). Formulas (Llama shapes; d = hidden, L = lay
                (min(pp, grad accumulation)); with checkpointing 2 d B per layer + one layer's full set;
                selective (NxD: attention and MLP recomputed) 2 (4d + 2 q + 2 kv) B per layer;
                + fp32 logits 4 s V B / tp; fits if <= 90 % of HBM.
-  layout       the one training runs (llmpipe.parallelism: train.nnodes, processes per node, the
-               backend's tp / pp / ZeRO / checkpointing); plan.tp etc. are labelled what-ifs.
+  layout       the one training runs: the parallel section (llmpipe.parallelism), with the backend's
+               values for what it leaves null.
 """
 
 from __future__ import annotations
@@ -242,7 +242,7 @@ def schedule(cfg: dict, train_rows: int) -> dict:
 
 
 def option(name: str, spec: dict, cfg: dict, layout: dict, shape: Shape, n_params: int, total_flops: float) -> dict:
-    """Time, cost and memory fit of one hardware option under the layout training runs (or a what-if)."""
+    """Time, cost and memory fit of one hardware option under the layout training runs."""
     p, t = cfg["plan"], cfg["train"]
     per_node = layout["processes_per_node"] or spec["devices"]
     instances = layout["nodes"]
@@ -256,13 +256,13 @@ def option(name: str, spec: dict, cfg: dict, layout: dict, shape: Shape, n_param
            "hours": seconds / 3600, "cost_usd": seconds / 3600 * spec["price_per_hour"] * instances,
            "hbm_gib": spec["hbm_gib"], "warnings": []}
     if per_node > spec["devices"]:
-        row["warnings"].append(f"{name}: {per_node} processes per node ({layout['keys'].get('processes_per_node')}) but "
+        row["warnings"].append(f"{name}: {per_node} processes per node (parallel.nproc_per_node) but "
                                f"the instance has {spec['devices']} devices; no layout")
         row.update(dp=None, grad_accum=None, memory_gib=None, fits=None)
         return row
     if per_node < spec["devices"]:
         row["warnings"].append(f"{name}: training uses {per_node} of the instance's {spec['devices']} devices "
-                               f"({layout['keys'].get('processes_per_node')} = {per_node})")
+                               f"(parallel.nproc_per_node = {per_node})")
     if devices % mp:
         row["warnings"].append(f"{name}: tp x pp = {mp} does not divide {devices} devices; no layout")
         row.update(dp=None, grad_accum=None, memory_gib=None, fits=None)
@@ -286,7 +286,7 @@ def option(name: str, spec: dict, cfg: dict, layout: dict, shape: Shape, n_param
 
 
 def make_plan(cfg: dict, shape: Shape, n_params: int, data: dict, hardware: dict, model_source: str = "") -> dict:
-    layout, what_if = parallelism.planned(cfg)
+    layout = parallelism.trained(cfg)
     sched = schedule(cfg, data["train_rows"])
     n_mm = matmul_parameters(shape, n_params)
     per_token = flops_per_token(shape, n_mm, sched["seq_len"])
@@ -304,8 +304,6 @@ def make_plan(cfg: dict, shape: Shape, n_params: int, data: dict, hardware: dict
                         f"repeats rows ({sched['global_batch_size'] / rows:.2f} epochs per step)")
     if sched["epochs"] is not None and sched["epochs"] > MANY_EPOCHS:
         warnings.append(f"{sched['epochs']:.3g} epochs: the data is repeated more than {MANY_EPOCHS:g} times")
-    for key, v in what_if.items():
-        warnings.append(f"what-if: plan.{key} {v['plan']} (training runs {v['trained_key'] or key} = {v['trained']})")
     heads, kv, tp, pp = shape.num_attention_heads, shape.num_key_value_heads, layout["tp"], layout["pp"]
     if heads % tp or (kv % tp and tp % kv):
         warnings.append(f"tp {tp} does not split {heads} attention / {kv} key-value heads evenly")
@@ -324,8 +322,7 @@ def make_plan(cfg: dict, shape: Shape, n_params: int, data: dict, hardware: dict
                   "formula": "tokens x (6 N_matmul + 12 L heads head_dim seq_len)"},
         "layout": {"backend": layout["backend"], "tp": tp, "pp": pp, "zero": layout["zero"],
                    "activation_checkpointing": layout["activation_checkpointing"], "instances": layout["nodes"],
-                   "processes_per_instance": layout["processes_per_node"], "from": layout["keys"],
-                   "source": "what-if" if what_if else "training config", "what_if": what_if},
+                   "processes_per_instance": layout["processes_per_node"], "from": "parallel"},
         "hardware": rows,
         "warnings": warnings,
         "assumptions": [
@@ -374,11 +371,10 @@ def summary_rows(plan: dict) -> list[tuple[str, str]]:
                      f"({s['warmup_fraction']:.1%})"),
         ("compute", f"{f['total']:.3g} FLOPs = {s['tokens']:,} tokens x {f['per_token']:,} FLOPs/token "
                     f"(6 N_matmul + attention {f['attention_share']:.1%})"),
-        ("layout", f"{lay['source']} ({lay['backend']}): tp {lay['tp']} x pp {lay['pp']} x dp; ZeRO {lay['zero']}; "
+        ("layout", f"parallel ({lay['backend']}): tp {lay['tp']} x pp {lay['pp']} x dp; ZeRO {lay['zero']}; "
                    f"activation checkpointing {_checkpointing(lay['activation_checkpointing'])}; micro batch "
                    f"{s['micro_batch_size']}; {lay['instances']} instance(s) x "
-                   f"{lay['processes_per_instance'] or 'every device'} process(es)"
-                   + "".join(f"; WHAT-IF plan.{k} {v['plan']} (trained: {v['trained']})" for k, v in lay["what_if"].items())),
+                   f"{lay['processes_per_instance'] or 'every device'} process(es)"),
     ]
 
 

@@ -1,25 +1,81 @@
-"""Training backends. A backend is a module llmpipe.backends.<name> plus rules/train_<name>.smk;
-its rules must produce the HF-format folder <run>/checkpoints/<name>/final/ that export reads."""
+"""Training backends: each is a small declared thing (`Backend`), found by name.
+
+A backend is a package that defines `BACKEND = Backend(...)` in its `__init__.py`: its config section
+(schema.yaml beside it), its checks, its CLI commands, its rules file and the environment it runs in.
+Built-in ones live here (llmpipe.backends.<name>); others plug in through the Python entry-point group
+`llmpipe.backends` (name = module). Its rules must produce the HF folder <run>/checkpoints/<name>/final/.
+Checklist for a new backend: docs/backends.md ("Adding a backend").
+"""
 
 from __future__ import annotations
 
+import functools
 import importlib
+import importlib.metadata
 import pkgutil
 import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parents[3]  # the checkout: rules/, envs/, scripts/
+ENTRY_POINTS = "llmpipe.backends"
 
-def available() -> list[str]:
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    doc: str  # one line for `llmpipe backends` and error messages
+    commands: dict[str, str] = field(default_factory=dict)  # CLI name "<name>-<step>" -> module with main(argv)
+    rules: str | Path | None = None  # rules file; None = rules/train_<name>.smk of this checkout
+    env: str | None = None  # conda env file the rules use (envs/<name>.yaml)
+    setup: str | None = None  # script that builds its side environment (.venvs/<name>)
+    section_schema: str | Path | None = None  # JSON schema (YAML) of config section <name>; None = no section
+    checks: Callable[[dict], list[str]] | None = None  # config -> problems, each naming its keys
+    parallel_defaults: Callable[[dict], dict] | None = None  # config -> its values for parallel.* left null
+
+    def rules_file(self) -> Path:
+        return Path(self.rules) if self.rules else REPO / "rules" / f"train_{self.name}.smk"
+
+    def rule_names(self) -> list[str]:
+        return re.findall(r"^rule (\w+):", self.rules_file().read_text(), re.M)
+
+
+def _builtin() -> list[str]:
     return sorted(m.name for m in pkgutil.iter_modules(__path__) if m.ispkg)
 
 
-def get(name: str):
-    if name not in available():
+def _plugins() -> dict[str, str]:
+    return {ep.name: ep.value for ep in importlib.metadata.entry_points(group=ENTRY_POINTS)}
+
+
+def available() -> list[str]:
+    return sorted({*_builtin(), *_plugins()})
+
+
+@functools.lru_cache(maxsize=None)
+def get(name: str) -> Backend:
+    if name in _builtin():
+        module = importlib.import_module(f"{__name__}.{name}")
+    elif name in _plugins():
+        module = importlib.import_module(_plugins()[name])
+    else:
         raise ValueError(f"unknown train.backend {name!r}; available: {', '.join(available())}")
-    return importlib.import_module(f"{__name__}.{name}")
+    backend = getattr(module, "BACKEND", None)
+    if not isinstance(backend, Backend) or backend.name != name:
+        raise ValueError(f"backend module {module.__name__} defines no BACKEND = Backend(name={name!r}, ...)")
+    return backend
 
 
-def rules_by_backend(rules_dir: str | Path) -> dict[str, list[str]]:
-    """The rules each backend's rules/train_<name>.smk defines."""
-    return {f.stem.removeprefix("train_"): re.findall(r"^rule (\w+):", f.read_text(), re.M)
-            for f in sorted(Path(rules_dir).glob("train_*.smk"))}
+def all_backends() -> list[Backend]:
+    return [get(name) for name in available()]
+
+
+def commands() -> dict[str, str]:
+    """Every backend's CLI commands (llmpipe <name>-<step>)."""
+    return {cmd: module for b in all_backends() for cmd, module in b.commands.items()}
+
+
+def rules_by_backend() -> dict[str, list[str]]:
+    """The rules each backend's rules file defines."""
+    return {b.name: b.rule_names() for b in all_backends()}

@@ -96,7 +96,7 @@ def card_facts(cfg: dict, hf_dir: Path, manifest: dict, sources: dict, metrics: 
         "hyperparameters": cfg["train"],
         "training": {"backend": cfg["train"]["backend"], "hardware": release["hardware"] or "not recorded",
                      "world_size": summary.get("world_size"), "precision": summary.get("precision"),
-                     "nproc": cfg["train"]["nproc"], "nnodes": cfg["train"]["nnodes"],
+                     "parallel": cfg["parallel"],
                      "steps": summary.get("steps", last.get("step")), "tokens": last.get("tokens"),
                      "final_train_loss": last.get("loss"), "final_val_loss": summary.get("final_val_loss")},
         "evaluation": evaluation,

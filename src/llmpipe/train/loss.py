@@ -8,17 +8,30 @@ import torch.nn.functional as F
 from llmpipe.data.pack import IGNORE_INDEX
 
 
-def lm_loss_sum(model, input_ids: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sum of next-token cross-entropy over labelled positions, number of those positions).
-
-    No attention mask is passed: rows are packed (all real tokens) or padded only at the end, and
-    causal attention never lets a real token see later padding.
-    """
-    logits = model(input_ids=input_ids).logits
+def logits_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum of next-token cross-entropy over labelled positions, number of those positions): position i's
+    logits predict label i + 1; IGNORE_INDEX labels (padding) count for nothing."""
     shift_logits = logits[:, :-1].float().reshape(-1, logits.shape[-1])
     shift_labels = labels[:, 1:].reshape(-1).long()
     loss = F.cross_entropy(shift_logits, shift_labels, ignore_index=IGNORE_INDEX, reduction="sum")
     return loss, (shift_labels != IGNORE_INDEX).sum()
+
+
+def lm_loss_sum(model, input_ids: torch.Tensor, labels: torch.Tensor,
+                attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`logits_loss_sum` of the model's forward pass.
+
+    Without an attention mask: rows are packed (all real tokens) or padded only at the end, and causal
+    attention never lets a real token see later padding. The colossal trainer passes the view's mask.
+    """
+    inputs = {"input_ids": input_ids} if attention_mask is None else {"input_ids": input_ids,
+                                                                      "attention_mask": attention_mask}
+    return logits_loss_sum(model(**inputs).logits, labels)
+
+
+def label_count(batches: list[dict]) -> int:
+    """Labelled (predicted) positions in micro batches of the view: what a step's loss is averaged over."""
+    return sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in batches)
 
 
 @torch.no_grad()

@@ -1,35 +1,92 @@
 """What a checkpoint must agree on to be resumed, and the one-line answer when a rerun changed it.
 
-Snakemake deletes a job's old output before running it again, so a changed hyperparameter is caught
-when the workflow is parsed (`changed_settings`), before any job: the newest complete checkpoint of the
-run records the settings it was trained with (trainer_state.json), and they are compared here.
+Every trainer records `fingerprint(...)` in its checkpoints' trainer_state.json and resumes only a
+checkpoint whose fingerprint equals the run's (`resume_state`). Snakemake deletes a job's old output
+before running it again, so a changed hyperparameter is also caught when the workflow is parsed
+(`changed_settings`), before any job: the newest complete checkpoint of the run records the settings it
+was trained with, and they are compared here.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-import re
+import logging
 from pathlib import Path
+
+from llmpipe.train.checkpoint import CheckpointError, complete_steps, newest_intact, step_dir
+
+log = logging.getLogger(__name__)
 
 # train.* keys that may change between a checkpoint and its resume without changing the result.
 RESUME_NEUTRAL = {"nproc", "nnodes", "launcher", "threads", "log_interval", "save_interval", "eval_interval",
                   "keep_checkpoints", "resume", "skip_nonfinite_steps", "slurm_auto_resume"}
-STEP_RE = re.compile(r"^step_(\d{8})$")
+IDENTITY = ("init_sha256", "view")  # fingerprint entries that are not settings
 
 
 def train_settings(cfg: dict) -> dict:
     return {k: v for k, v in sorted(cfg["train"].items()) if k not in RESUME_NEUTRAL}
 
 
+def init_sha256(init_dir: Path) -> str:
+    """One digest over the initial model's weights (*.safetensors) and config.json, names included."""
+    h = hashlib.sha256()
+    for name in sorted(p.name for p in init_dir.glob("*.safetensors")) + ["config.json"]:
+        h.update(name.encode())
+        h.update(hashlib.sha256((init_dir / name).read_bytes()).digest())
+    return h.hexdigest()
+
+
+def fingerprint(cfg: dict, init_dir: Path, view_dir: Path, **sections: dict) -> dict:
+    """What a checkpoint must agree on to be resumed: the train.* settings (RESUME_NEUTRAL left out), any
+    backend `sections` (e.g. colossal= its parallel layout), the initial model and the data view."""
+    view = json.loads((Path(view_dir) / "view.json").read_text())
+    return {"train": train_settings(cfg), **sections, "init_sha256": init_sha256(Path(init_dir)),
+            "view": view["fingerprint"]}
+
+
+def changed_keys(old: dict, new: dict) -> dict:
+    """{key: (old, new)} for every setting two fingerprints disagree on; train keys bare, others `section.key`."""
+    out = {}
+    for part in sorted((set(old) | set(new)) - set(IDENTITY)):
+        a, b = old.get(part, {}), new.get(part, {})
+        for k in sorted(set(a) | set(b)):
+            if a.get(k) != b.get(k):
+                out[k if part == "train" else f"{part}.{k}"] = (a.get(k), b.get(k))
+    return out
+
+
+def check_fingerprint(old: dict, new: dict, path: Path, root: Path) -> None:
+    """Raise CheckpointError naming what changed when checkpoint `path` was trained under another setup."""
+    if old == new:
+        return
+    raise CheckpointError(
+        f"checkpoint {path} belongs to a different training setup (changed keys: {changed_keys(old, new) or 'none'}; "
+        f"init model same: {old.get('init_sha256') == new['init_sha256']}; data view same: "
+        f"{old.get('view') == new['view']}). Delete {root} to start over, or set train.resume: false.")
+
+
+def resume_state(root: Path, t: dict, fp: dict, main: bool = True) -> tuple[Path, dict] | None:
+    """(step folder, trainer_state.json) of the newest intact checkpoint to resume, checked against `fp`;
+    None to start from the initial model (none there, or train.resume false)."""
+    if not t["resume"]:
+        if main and complete_steps(root):
+            log.info("train.resume is false: ignoring checkpoints in %s", root)
+        return None
+    path = newest_intact(root)  # damaged steps are named and skipped
+    if path is None:
+        return None
+    state = json.loads((path / "trainer_state.json").read_text())
+    check_fingerprint(state["fingerprint"], fp, path, root)
+    return path, state
+
+
 def newest_state(root: Path) -> tuple[Path, dict] | None:
     """(step folder, trainer_state.json) of the newest complete checkpoint under `root`, or None."""
-    if not root.is_dir():
-        return None
-    steps = sorted((p for p in root.iterdir() if STEP_RE.match(p.name) and (p / "done").is_file()), key=lambda p: p.name)
-    for path in reversed(steps):
-        state = path / "trainer_state.json"
+    for step in reversed(complete_steps(root)):
+        state = step_dir(root, step) / "trainer_state.json"
         if state.is_file():
-            return path, json.loads(state.read_text())
+            return step_dir(root, step), json.loads(state.read_text())
     return None
 
 

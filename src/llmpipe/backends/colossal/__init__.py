@@ -1,1 +1,29 @@
 """ColossalAI backend (runs in .venvs/colossal, see scripts/setup-env-colossal.sh)."""
+
+from pathlib import Path
+
+from llmpipe.backends import Backend
+
+
+def _checks(cfg: dict) -> list[str]:
+    from llmpipe.backends.colossal.checks import problems
+
+    return problems(cfg)
+
+
+def _parallel_defaults(cfg: dict) -> dict:
+    from llmpipe.backends.colossal.checks import parallel_defaults
+
+    return parallel_defaults(cfg)
+
+
+BACKEND = Backend(
+    name="colossal",
+    doc="ColossalAI Booster (Gemini, ZeRO, 3D) on GPUs, in its own environment",
+    commands={"colossal-train": "llmpipe.backends.colossal.train"},
+    env="envs/colossal.yaml",
+    setup="scripts/setup-env-colossal.sh",
+    section_schema=Path(__file__).with_name("schema.yaml"),
+    checks=_checks,
+    parallel_defaults=_parallel_defaults,
+)

@@ -1,8 +1,8 @@
-"""train-colossal: the shared training recipe on ColossalAI's Booster. Runs in the ColossalAI
+"""colossal-train: the shared training recipe on ColossalAI's Booster. Runs in the ColossalAI
 environment (.venvs/colossal or envs/colossal.yaml: transformers 4.51.3), under torchrun, srun +
 torchrun, or `colossalai run`; one plain process works too.
 
-  python -m llmpipe train-colossal --config C --init DIR --data VIEW --tokenizer DIR \\
+  python -m llmpipe colossal-train --config C --init DIR --data VIEW --tokenizer DIR \\
       --checkpoints DIR --metrics F --out DIR [--stop-after N]
 
 Mapping of the shared keys: train.global_batch_size / (micro_batch_size x data-parallel size) =
@@ -12,6 +12,9 @@ eps, weight_decay (matrices only) = HybridAdam on GPU, torch AdamW on CPU; grad_
 plugin's max_norm (ddp: clip_grad_norm_); precision auto = bf16 on GPU, fp32 on CPU (Gemini and
 ZeRO need bf16). colossal.* picks the plugin and the parallel layout.
 
+The recipe (loss, optimizer groups, schedule, resume fingerprint, metrics, step loop, checkpoint
+steps) is llmpipe.train's, shared with the torch trainer; here: plugins, the Booster, the parallel layout.
+
 Checkpoints: <checkpoints>/step_XXXXXXXX/ with model/ (booster.save_model, sharded safetensors),
 optimizer/, scheduler.pt, trainer_state.json and a `done` marker written last; the newest complete
 one is resumed automatically. The final folder is HF format: sharded safetensors + index,
@@ -20,15 +23,12 @@ config.json, generation_config.json, the tokenizer and train_summary.json.
 
 from __future__ import annotations
 
-import argparse
-import hashlib
+import contextlib
 import importlib.util
-import json
 import logging
 import os
 import shutil
 import socket
-import time
 import warnings
 from pathlib import Path
 
@@ -37,13 +37,17 @@ import torch.distributed as dist
 
 from llmpipe import config as cfgmod
 from llmpipe.backends.colossal.collate import collate
-from llmpipe.backends.torch.checkpoint import CheckpointError, complete_steps, newest_intact, seal, step_dir
 from llmpipe.io import write_json
 from llmpipe.train.batching import Sampler, grad_accum_steps
-from llmpipe.train.resume import RESUME_NEUTRAL
+from llmpipe.train.checkpoint import CheckpointError, prune, seal, step_dir
+from llmpipe.train.cli import trainer_parser
 from llmpipe.train.guard import NonFiniteError, NonFiniteGuard
-from llmpipe.train.schedule import lr_at
-from llmpipe.io import dumps as io_dumps
+from llmpipe.train.loop import StepLoop
+from llmpipe.train.loss import label_count, lm_loss_sum, logits_loss_sum
+from llmpipe.train.metrics import MetricsWriter
+from llmpipe.train.optim import build_optimizer
+from llmpipe.train.resume import fingerprint, resume_state
+from llmpipe.train.view import load_view
 
 log = logging.getLogger(__name__)
 # bitsandbytes (imported by colossalai.nn through galore_torch) logs a warning about an optional CPU kernel.
@@ -51,8 +55,6 @@ logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
 # ColossalAI's checkpoint loaders call torch.load without weights_only (torch 2.5 defaults to False).
 os.environ.setdefault("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "1")
 
-IGNORE_INDEX = -100
-# Keys that may change between a checkpoint and its resume.
 GPU_ONLY = {"gemini", "gemini_auto", "zero2"}
 
 
@@ -130,34 +132,23 @@ def attention_impl(want_flash: bool, on_gpu: bool) -> str:
     return "sdpa"
 
 
-def build_optimizer(model, t: dict, on_gpu: bool):
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": t["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}]
-    kw = dict(lr=t["lr"], betas=(t["beta1"], t["beta2"]), eps=t["eps"])
+def optimizer_kind(on_gpu: bool) -> tuple[type, dict]:
+    """(optimizer class, its extra arguments) for llmpipe.train.optim.build_optimizer: HybridAdam in AdamW
+    mode on GPU; on CPU torch AdamW (HybridAdam's CPU kernel is a compiled extension; same update)."""
     if on_gpu:
         from colossalai.nn.optimizer import HybridAdam
 
-        opt = HybridAdam(groups, adamw_mode=True, **kw)
-    else:  # HybridAdam's CPU kernel is a compiled extension; AdamW is the same update
-        opt = torch.optim.AdamW(groups, **kw)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: lr_at(s, t["lr"], t["min_lr"], t["warmup_steps"], t["max_steps"]) / t["lr"])
-    return opt, sched
+        return HybridAdam, {"adamw_mode": True}
+    return torch.optim.AdamW, {}
 
 
-def fingerprint(cfg: dict, init_dir: Path, view_dir: Path) -> dict:
-    """What a checkpoint must agree on to be resumed."""
-    h = hashlib.sha256()
-    for name in sorted(p.name for p in init_dir.glob("*.safetensors")) + ["config.json"]:
-        h.update(name.encode())
-        h.update(hashlib.sha256((init_dir / name).read_bytes()).digest())
-    view = json.loads((view_dir / "view.json").read_text())
-    layout = {k: cfg["colossal"][k] for k in ("plugin", "tp", "pp", "zero_stage")}
-    if layout["plugin"] == "gemini_auto":  # same state as gemini: switching after an OOM resumes
+def resume_layout(c: dict) -> dict:
+    """The colossal.* part of the resume fingerprint: a checkpoint resumes only under the same layout;
+    gemini_auto holds the same state as gemini (switching after an OOM resumes)."""
+    layout = {k: c[k] for k in ("plugin", "tp", "pp", "zero_stage")}
+    if layout["plugin"] == "gemini_auto":
         layout["plugin"] = "gemini"
-    return {"train": {k: v for k, v in sorted(cfg["train"].items()) if k not in RESUME_NEUTRAL},
-            "colossal": layout, "init_sha256": h.hexdigest(), "view": view["fingerprint"]}
+    return layout
 
 
 # ---------------------------------------------------------------- checkpoints
@@ -207,8 +198,7 @@ class Saver:
             seal(tmp)  # sha256 of every file, then `done`
         self._publish(tmp, target)
         if self.rank == 0:
-            for old in complete_steps(root)[:-keep]:
-                shutil.rmtree(step_dir(root, old), ignore_errors=True)
+            prune(root, keep)
             log.info("checkpoint %s", target)
 
     def final(self, out: Path, model, hf_config, tokenizer_dir: Path | None, summary: dict) -> None:
@@ -230,33 +220,23 @@ class Saver:
         self._publish(tmp, out)
 
 
-# ---------------------------------------------------------------- the loop
-
-def loss_sum(model, batch: dict) -> tuple[torch.Tensor, int]:
-    """Sum of next-token cross-entropy over the labelled positions (the view's labels)."""
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    labels = batch["labels"][:, 1:].reshape(-1)
-    total = torch.nn.functional.cross_entropy(
-        logits[:, :-1].float().reshape(-1, logits.shape[-1]), labels, ignore_index=IGNORE_INDEX, reduction="sum")
-    return total, int((labels != IGNORE_INDEX).sum())
-
+# ---------------------------------------------------------------- the steps
 
 class Layout:
     """Data-parallel rank and size (tp / pp ranks of one replica read the same rows)."""
 
-    def __init__(self, plugin):
+    def __init__(self, plugin, amp: bool):
         group = getattr(plugin, "dp_group", None)
         self.dp_rank = dist.get_rank(group) if group is not None else dist.get_rank()
         self.dp_size = dist.get_world_size(group) if group is not None else dist.get_world_size()
         self.pipeline = bool(getattr(plugin, "pp_size", 1) > 1)
         stage = getattr(plugin, "stage_manager", None)
         self.last_stage = stage.is_last_stage() if self.pipeline else True
+        self.amp = amp  # bf16 autocast: the ddp plugin (the other plugins cast the model themselves)
         # Ranks holding the same value: the tp ranks of a replica (of its last stage, with pp).
-        self.amp = False
         self.copies = dist.get_world_size() // self.dp_size // (getattr(plugin, "pp_size", 1) if self.pipeline else 1)
 
     def autocast(self, device: torch.device):
-        """bf16 autocast for the ddp plugin (the other plugins cast the model themselves)."""
         return torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.amp)
 
     def sum_replicas(self, value: torch.Tensor) -> torch.Tensor:
@@ -266,258 +246,226 @@ class Layout:
         return value / self.copies
 
 
-def train(cfg: dict, init_dir, data_dir, ckpt_root, metrics_path, out_dir, tokenizer_dir=None,
-          stop_after: int | None = None) -> dict | None:
-    import datasets
-    from colossalai.booster import Booster
+class PipelineLoss:
+    """The criterion ColossalAI's pipeline schedule calls on the last stage, once a micro batch: adds up
+    the loss sum and the labelled count, and returns the loss to back-propagate (the sum x `scale`)."""
+
+    def __init__(self, device: torch.device, scale: float = 1.0):
+        self.scale = scale
+        self.total = torch.zeros((), dtype=torch.float64, device=device)
+        self.count = torch.zeros((), dtype=torch.float64, device=device)
+
+    def __call__(self, outputs, inputs: dict) -> torch.Tensor:
+        part, n = logits_loss_sum(outputs["logits"], inputs["labels"])
+        self.total += part.detach().double()
+        self.count += n
+        return part * self.scale
+
+
+def to_device(batch: dict, device: torch.device) -> dict:
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+def load_model(init_dir: Path, attn: str, gradient_checkpointing: bool):
     from transformers import AutoModelForCausalLM
 
-    t, c = cfg["train"], cfg["colossal"]
-    init_dir, data_dir, ckpt_root, out_dir = map(Path, (init_dir, data_dir, ckpt_root, out_dir))
-    tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir else None
-    torch.set_num_threads(t["threads"])
-    on_gpu = torch.cuda.is_available()
-    check_layout(c, int(os.environ.get("WORLD_SIZE", "1")), on_gpu)
-    precision = precision_of(t, c["plugin"], on_gpu)
-    init_distributed()
-    rank, main = dist.get_rank(), dist.get_rank() == 0
-    device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
-
-    train_ds = datasets.load_from_disk(str(data_dir / "train"))
-    val_ds = datasets.load_from_disk(str(data_dir / "val"))
-    if len(train_ds[0]["input_ids"]) != t["seq_len"]:
-        raise ValueError(f"view {data_dir} has rows of {len(train_ds[0]['input_ids'])} tokens, train.seq_len is {t['seq_len']}")
-    sampler = Sampler(len(train_ds), t["seed"])
-
-    attn = attention_impl(c["flash_attention"], on_gpu)
-    plugin = make_plugin(c, t, precision, attn != "sdpa" or on_gpu and c["flash_attention"], dist.get_world_size())
-    lay = Layout(plugin)
-    lay.amp = c["plugin"] == "ddp" and precision == "bf16"
-    accum = grad_accum_steps(t["global_batch_size"], t["micro_batch_size"], lay.dp_size)
-    torch.manual_seed(t["seed"])
     model = AutoModelForCausalLM.from_pretrained(str(init_dir), torch_dtype=torch.float32, attn_implementation=attn,
                                                  trust_remote_code=False)
-    hf_config = model.config
-    if c["gradient_checkpointing"]:
+    if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
-    optimizer, scheduler = build_optimizer(model, t, on_gpu)
-    booster = Booster(plugin=plugin)
-    model, optimizer, _, _, scheduler = booster.boost(model, optimizer, lr_scheduler=scheduler)
-    saver = Saver(booster, rank, sharded=c["plugin"] != "ddp")
-    fp = fingerprint(cfg, init_dir, data_dir)
+    return model
 
-    start = 0
-    path = newest_intact(ckpt_root) if t["resume"] else None  # damaged steps are named and skipped
-    if path is not None:
-        state = json.loads((path / "trainer_state.json").read_text())
-        if state["fingerprint"] != fp:
-            changed = sorted(k for part in ("train", "colossal") for k in set(fp[part]) | set(state["fingerprint"].get(part, {}))
-                             if fp[part].get(k) != state["fingerprint"].get(part, {}).get(k))
-            raise CheckpointError(
-                f"checkpoint {path} belongs to a different training setup (changed keys: {changed or 'none'}; init model "
-                f"same: {state['fingerprint']['init_sha256'] == fp['init_sha256']}; data view same: "
-                f"{state['fingerprint']['view'] == fp['view']}). Delete {ckpt_root} to start over, or set train.resume: false.")
-        booster.load_model(model, str(path / "model"))
-        booster.load_optimizer(optimizer, str(path / optimizer_name(saver.sharded)))
-        booster.load_lr_scheduler(scheduler, str(path / "scheduler.pt"))
-        start = state["step"]
-        if main:
-            log.info("resumed from %s (step %d)", path, start)
 
-    metrics = Metrics(Path(metrics_path), start, main)
-    if main:
+class Trainer:
+    """One ColossalAI training run: setup here, steps driven by llmpipe.train.loop.StepLoop."""
+
+    def __init__(self, cfg: dict, init_dir: Path, data_dir: Path, ckpt_root: Path, tokenizer_dir: Path | None):
+        self.cfg, self.t, self.c = cfg, cfg["train"], cfg["colossal"]
+        self.ckpt_root, self.tokenizer_dir = ckpt_root, tokenizer_dir
+        torch.set_num_threads(self.t["threads"])
+        self.on_gpu = torch.cuda.is_available()
+        check_layout(self.c, int(os.environ.get("WORLD_SIZE", "1")), self.on_gpu)
+        self.precision = precision_of(self.t, self.c["plugin"], self.on_gpu)
+        init_distributed()
+        self.main = dist.get_rank() == 0
+        self.device = torch.device("cuda", torch.cuda.current_device()) if self.on_gpu else torch.device("cpu")
+        self.train_ds, self.val_ds = load_view(data_dir, self.t)
+        self.sampler = Sampler(len(self.train_ds), self.t["seed"])
+        self.boost(init_dir)
+        self.fp = fingerprint(cfg, init_dir, data_dir, colossal=resume_layout(self.c))
+        self.guard = NonFiniteGuard(self.t["skip_nonfinite_steps"])
+
+    def boost(self, init_dir: Path) -> None:
+        """The plugin, and the model, optimizer and schedule boosted by it."""
+        from colossalai.booster import Booster
+
+        t, c = self.t, self.c
+        self.attn = attention_impl(c["flash_attention"], self.on_gpu)
+        flash = self.attn != "sdpa" or self.on_gpu and c["flash_attention"]
+        self.plugin = make_plugin(c, t, self.precision, flash, dist.get_world_size())
+        self.lay = Layout(self.plugin, amp=c["plugin"] == "ddp" and self.precision == "bf16")
+        self.accum = grad_accum_steps(t["global_batch_size"], t["micro_batch_size"], self.lay.dp_size)
+        torch.manual_seed(t["seed"])
+        model = load_model(init_dir, self.attn, c["gradient_checkpointing"])
+        self.hf_config = model.config
+        optimizer_cls, kwargs = optimizer_kind(self.on_gpu)
+        optimizer, scheduler = build_optimizer(model, t, optimizer_cls, **kwargs)
+        self.booster = Booster(plugin=self.plugin)
+        self.model, self.optimizer, _, _, self.scheduler = self.booster.boost(model, optimizer, lr_scheduler=scheduler)
+        self.saver = Saver(self.booster, dist.get_rank(), sharded=c["plugin"] != "ddp")
+
+    def resume(self) -> int:
+        """Restore the newest intact checkpoint of this setup and layout; its step."""
+        found = resume_state(self.ckpt_root, self.t, self.fp, self.main)
+        if found is None:
+            return 0
+        path, state = found
+        self.booster.load_model(self.model, str(path / "model"))
+        self.booster.load_optimizer(self.optimizer, str(path / optimizer_name(self.saver.sharded)))
+        self.booster.load_lr_scheduler(self.scheduler, str(path / "scheduler.pt"))
+        if self.main:
+            log.info("resumed from %s (step %d)", path, state["step"])
+        return state["step"]
+
+    def log_setup(self) -> None:
+        if not self.main:
+            return
+        t, c = self.t, self.c
+        opt = getattr(self.optimizer, "optim", self.optimizer)
         log.info("plugin %s (tp %d, pp %d, zero %d), world %d, dp %d, micro batch %d, grad accumulation %d, global "
                  "batch %d, precision %s, attention %s, gradient checkpointing %s, optimizer %s", c["plugin"], c["tp"],
-                 c["pp"], c["zero_stage"], dist.get_world_size(), lay.dp_size, t["micro_batch_size"], accum,
-                 t["global_batch_size"], precision, attn, c["gradient_checkpointing"], type(optimizer.optim).__name__
-                 if hasattr(optimizer, "optim") else type(optimizer).__name__)
+                 c["pp"], c["zero_stage"], dist.get_world_size(), self.lay.dp_size, t["micro_batch_size"], self.accum,
+                 t["global_batch_size"], self.precision, self.attn, c["gradient_checkpointing"], type(opt).__name__)
 
-    def to_dev(b):
-        return {k: v.to(device) for k, v in b.items()}
+    def train_step(self, step: int) -> tuple[float, float, float | None]:
+        t, lay = self.t, self.lay
+        micro = self.sampler.micro_batches(step, t["global_batch_size"], t["micro_batch_size"], lay.dp_rank, lay.dp_size)
+        total, gcount = self.forward_backward([collate(self.train_ds[ids.tolist()]) for ids in micro])
+        grad_norm = self.clip_grad_norm()
+        lr = self.scheduler.get_last_lr()[0]
+        loss = float(lay.sum_replicas(total) / gcount)
+        if self.guard.ok(step + 1, loss, grad_norm):  # ddp: the norm is known before the step
+            self.optimizer.step()
+            self.scheduler.step()
+        self.optimizer.zero_grad()
+        if grad_norm is None:
+            grad_norm = self.sharded_grad_norm(step)
+        return loss, lr, grad_norm
 
-    def step_fn(batches: list[dict]) -> tuple[float, int]:
-        """One optimizer step over this rank's micro batches; returns (global loss sum, global count)."""
-        local = sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in batches)
-        count = torch.tensor(float(local), device=device)
-        dist.all_reduce(count, group=getattr(plugin, "dp_group", None))
+    def forward_backward(self, batches: list[dict]) -> tuple[torch.Tensor, float]:
+        """Gradients of the global token-mean loss from this rank's micro batches (with pp: all of them in one
+        pipeline schedule); (this rank's loss sum, the global labelled count)."""
+        count = torch.tensor(float(label_count(batches)), device=self.device)
+        dist.all_reduce(count, group=getattr(self.plugin, "dp_group", None))
         gcount = float(count)
-        total = torch.zeros((), device=device, dtype=torch.float64)
-        if lay.pipeline:
-            merged = {k: torch.cat([b[k] for b in batches]) for k in batches[0]}
-            scale = len(batches) * lay.dp_size / gcount  # the schedule divides by the micro batch count
-
-            def criterion(outputs, inputs):
-                part, _ = loss_sum(_Logits(outputs), inputs)
-                return part * scale
-
-            out = booster.execute_pipeline(iter([to_dev(merged)]), model, criterion, optimizer, return_loss=True)
-            if lay.last_stage:
-                total += out["loss"].detach().double() * gcount / lay.dp_size
-        else:
-            for i, b in enumerate(batches):
-                ctx = booster.no_sync(model, optimizer) if (i < len(batches) - 1 and c["plugin"] == "ddp") else _null()
-                with ctx, lay.autocast(device):
-                    part, _ = loss_sum(model, to_dev(b))
-                    # Plugins average gradients over data-parallel ranks: scale to the global token mean.
-                    booster.backward(part * lay.dp_size / gcount, optimizer)
-                total += part.detach().double()
+        groups = [{k: torch.cat([b[k] for b in batches]) for k in batches[0]}] if self.lay.pipeline else batches
+        total = torch.zeros((), device=self.device, dtype=torch.float64)
+        for i, group in enumerate(groups):
+            with self.no_sync(last=i == len(groups) - 1):
+                part, _ = self.forward(to_device(group, self.device), gcount, micro=len(batches))
+            total += part
         return total, gcount
 
-    last_val = None
-    guard = NonFiniteGuard(t["skip_nonfinite_steps"])
-    tokens_per_step = t["global_batch_size"] * t["seq_len"]
-    clock = time.perf_counter()
-    for step in range(start, t["max_steps"]):
-        micro = sampler.micro_batches(step, t["global_batch_size"], t["micro_batch_size"], lay.dp_rank, lay.dp_size)
-        batches = [collate(train_ds[ids.tolist()]) for ids in micro]
-        total, gcount = step_fn(batches)
-        grad_norm = None
-        if c["plugin"] == "ddp":
-            max_norm = t["grad_clip"] if t["grad_clip"] > 0 else float("inf")
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(model.unwrap().parameters(), max_norm))
-        lr = scheduler.get_last_lr()[0]
-        loss = float(lay.sum_replicas(total) / gcount)
-        if guard.ok(step + 1, loss, grad_norm):  # ddp: the norm is known before the step
-            optimizer.step()
-            scheduler.step()
-        optimizer.zero_grad()
-        if grad_norm is None and hasattr(optimizer, "get_grad_norm"):
-            value = optimizer.get_grad_norm()
-            grad_norm = float(value) if value is not None else None
-            guard.after_update(step + 1, grad_norm)  # sharded plugins: known after the step
-        done = step + 1
-        elapsed = time.perf_counter() - clock
-        record = {"step": done, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens": done * tokens_per_step,
-                  "epoch": sampler.epoch_of(done, t["global_batch_size"]),
-                  "tokens_per_s": (done - start) * tokens_per_step / max(elapsed, 1e-9)}
-        if done % t["eval_interval"] == 0 or done == t["max_steps"]:
-            record["val_loss"], record["val_tokens"] = evaluate(model, val_ds, cfg["eval"]["batch_size"], lay, device,
-                                                                booster)
-            last_val = record["val_loss"]
-        metrics.write(record)
-        if main and (done % t["log_interval"] == 0 or done == t["max_steps"] or "val_loss" in record):
-            log.info("step %d/%d loss %.4f lr %.2e grad_norm %s %.0f tok/s%s", done, t["max_steps"], loss, lr,
-                     f"{grad_norm:.3f}" if grad_norm is not None else "-", record["tokens_per_s"],
-                     f" val_loss {record['val_loss']:.4f}" if "val_loss" in record else "")
-        if done % t["save_interval"] == 0 or done == t["max_steps"] or done == stop_after:
-            saver.checkpoint(ckpt_root, done, model, optimizer, scheduler, {"fingerprint": fp}, t["keep_checkpoints"])
-        if done == stop_after and done < t["max_steps"]:
-            if main:
-                log.info("stopping after step %d as asked (--stop-after); rerun to resume", done)
-            dist.barrier()
-            dist.destroy_process_group()
-            return None
+    def forward(self, batch: dict, gcount: float | None = None, micro: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """(loss sum, labelled count) of `batch` on this rank, zeros off the pipeline's last stage. Given the
+        global count `gcount`, also back-propagates this rank's share of the global token-mean loss (with pp
+        the batch is `micro` micro batches of one schedule, which divides the loss by their number)."""
+        optimizer = self.optimizer if gcount is not None else None
+        if self.lay.pipeline:
+            crit = PipelineLoss(self.device, micro * self.lay.dp_size / gcount if gcount is not None else 1.0)
+            self.booster.execute_pipeline(iter([batch]), self.model, crit, optimizer, return_loss=True)
+            return crit.total, crit.count
+        with self.lay.autocast(self.device):
+            part, n = lm_loss_sum(self.model, batch["input_ids"], batch["labels"], batch["attention_mask"])
+            if optimizer is not None:
+                # Plugins average gradients over data-parallel ranks: scale to the global token mean.
+                self.booster.backward(part * self.lay.dp_size / gcount, optimizer)
+        return part.detach().double(), n
 
-    if last_val is None:  # resumed at max_steps: still report validation
-        last_val, _ = evaluate(model, val_ds, cfg["eval"]["batch_size"], lay, device, booster)
-    summary = {"steps": t["max_steps"], "final_val_loss": last_val, "world_size": dist.get_world_size(),
-               "precision": precision, "resumed_from_step": start, "plugin": c["plugin"], "tp": c["tp"], "pp": c["pp"],
-               "zero_stage": c["zero_stage"], "attention": attn}
-    saver.final(out_dir, model, hf_config, tokenizer_dir, summary)
-    if main:
-        log.info("trained model -> %s (final val_loss %.4f)", out_dir, last_val)
+    def no_sync(self, last: bool):
+        """ddp: no gradient all-reduce but after the last micro batch of a step (the others reduce in the step)."""
+        if last or self.c["plugin"] != "ddp":
+            return contextlib.nullcontext()
+        return self.booster.no_sync(self.model, self.optimizer)
+
+    def clip_grad_norm(self) -> float | None:
+        """ddp: clip here, before the step, and return the norm; the other plugins clip inside their step."""
+        if self.c["plugin"] != "ddp":
+            return None
+        max_norm = self.t["grad_clip"] if self.t["grad_clip"] > 0 else float("inf")
+        return float(torch.nn.utils.clip_grad_norm_(self.model.unwrap().parameters(), max_norm))
+
+    def sharded_grad_norm(self, step: int) -> float | None:
+        """The norm a sharded optimizer found in its step: known only after the update, checked then."""
+        if not hasattr(self.optimizer, "get_grad_norm"):
+            return None
+        value = self.optimizer.get_grad_norm()
+        grad_norm = float(value) if value is not None else None
+        self.guard.after_update(step + 1, grad_norm)
+        return grad_norm
+
+    @torch.no_grad()
+    def validate(self) -> tuple[float, int]:
+        """Token-weighted mean loss over the whole validation split, rows shared among data-parallel
+        ranks (every rank runs the forward: Gemini / ZeRO / tp shard the weights)."""
+        was = self.model.training
+        self.model.eval()
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        count = torch.zeros((), dtype=torch.float64, device=self.device)
+        rows, size = list(range(self.lay.dp_rank, len(self.val_ds), self.lay.dp_size)), self.cfg["eval"]["batch_size"]
+        for start in range(0, len(rows), size):
+            part, n = self.forward(to_device(collate(self.val_ds[rows[start:start + size]]), self.device))
+            total += part
+            count += n
+        self.model.train(was)
+        total, count = self.lay.sum_replicas(total), self.lay.sum_replicas(count)
+        if count == 0:
+            raise ValueError("validation data has no labelled tokens")
+        return float(total / count), int(count)
+
+    def save(self, step: int) -> None:
+        self.saver.checkpoint(self.ckpt_root, step, self.model, self.optimizer, self.scheduler,
+                              {"fingerprint": self.fp}, self.t["keep_checkpoints"])
+
+    def finish(self, out_dir: Path, start: int, last_val: float | None) -> dict:
+        """The final HF folder with train_summary.json; the summary."""
+        if last_val is None:  # resumed at max_steps: still report validation
+            last_val, _ = self.validate()
+        c = self.c
+        summary = {"steps": self.t["max_steps"], "final_val_loss": last_val, "world_size": dist.get_world_size(),
+                   "precision": self.precision, "resumed_from_step": start, "plugin": c["plugin"], "tp": c["tp"],
+                   "pp": c["pp"], "zero_stage": c["zero_stage"], "attention": self.attn}
+        self.saver.final(out_dir, self.model, self.hf_config, self.tokenizer_dir, summary)
+        if self.main:
+            log.info("trained model -> %s (final val_loss %.4f)", out_dir, last_val)
+        return summary
+
+
+def train(cfg: dict, init_dir, data_dir, ckpt_root, metrics_path, out_dir, tokenizer_dir=None,
+          stop_after: int | None = None) -> dict | None:
+    trainer = Trainer(cfg, Path(init_dir), Path(data_dir), Path(ckpt_root), Path(tokenizer_dir) if tokenizer_dir else None)
+    start = trainer.resume()
+    metrics = MetricsWriter(Path(metrics_path), start, trainer.main)
+    trainer.log_setup()
+    stopped, last_val = StepLoop(trainer.t, trainer.sampler, start, metrics, trainer.main).run(trainer, stop_after)
+    summary = None if stopped else trainer.finish(Path(out_dir), start, last_val)
     dist.barrier()
     dist.destroy_process_group()
     return summary
 
 
-@torch.no_grad()
-def evaluate(model, dataset, batch_size: int, lay: Layout, device, booster) -> tuple[float, int]:
-    """Token-weighted mean loss over the whole validation split, rows shared among data-parallel
-    ranks (every rank runs the forward: Gemini / ZeRO / tp shard the weights)."""
-    was = model.training
-    model.eval()
-    total = torch.zeros((), dtype=torch.float64, device=device)
-    count = torch.zeros((), dtype=torch.float64, device=device)
-    rows = list(range(lay.dp_rank, len(dataset), lay.dp_size))
-    for start in range(0, len(rows), batch_size):
-        b = {k: v.to(device) for k, v in collate(dataset[rows[start:start + batch_size]]).items()}
-        if lay.pipeline:
-            kept = {}
-
-            def criterion(outputs, inputs):
-                part, n = loss_sum(_Logits(outputs), inputs)
-                kept["sum"], kept["n"] = kept.get("sum", 0) + part.double(), kept.get("n", 0) + n
-                return part
-
-            booster.execute_pipeline(iter([b]), model, criterion, None, return_loss=True)
-            if lay.last_stage:
-                total += kept["sum"]
-                count += kept["n"]
-        else:
-            with lay.autocast(device):
-                part, n = loss_sum(model, b)
-            total += part.double()
-            count += n
-    model.train(was)
-    total, count = lay.sum_replicas(total), lay.sum_replicas(count)
-    if count == 0:
-        raise ValueError("validation data has no labelled tokens")
-    return float(total / count), int(count)
-
-
-class _Logits:
-    """Adapter so loss_sum can read pipeline outputs (a ModelOutput or a dict with logits)."""
-
-    def __init__(self, outputs):
-        self.outputs = outputs
-
-    def __call__(self, **_):
-        return self.outputs
-
-
-class _null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
-
-
-class Metrics:
-    """metrics.jsonl, written by rank 0 only (lines after the resumed step are dropped)."""
-
-    def __init__(self, path: Path, resume_step: int, enabled: bool):
-        self.path, self.enabled = path, enabled
-        if not enabled:
-            return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        kept = []
-        if path.exists():
-            kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= resume_step]
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text("".join(line + "\n" for line in kept))
-        os.replace(tmp, path)
-
-    def write(self, record: dict) -> None:
-        if self.enabled:
-            with self.path.open("a") as fh:
-                fh.write(io_dumps(record) + "\n")
-
-
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="llmpipe train-colossal", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", required=True)
-    p.add_argument("--init", required=True, help="initial HF checkpoint folder")
-    p.add_argument("--data", required=True, help="hf view folder (train/, val/, view.json)")
-    p.add_argument("--tokenizer", default=None, help="tokenizer folder copied into --out")
-    p.add_argument("--checkpoints", required=True, help="folder for resumable step_* checkpoints")
-    p.add_argument("--metrics", required=True, help="metrics.jsonl path")
-    p.add_argument("--out", required=True, help="final HF-format model folder")
-    p.add_argument("--stop-after", type=int, default=None,
-                   help="checkpoint after this step and exit without --out (as if preempted)")
-    args = p.parse_args(argv)
+    args = trainer_parser("llmpipe colossal-train", __doc__, tokenizer=True).parse_args(argv)
     warnings.filterwarnings("ignore", message=".*(apex|tensornvme|TensorNVMe).*")
     cfg = cfgmod.load(args.config)
     try:
         train(cfg, args.init, args.data, args.checkpoints, args.metrics, args.out, args.tokenizer, args.stop_after)
     except (NonFiniteError, CheckpointError) as exc:
-        raise SystemExit(f"llmpipe train-colossal: {exc}") from None
+        raise SystemExit(f"llmpipe colossal-train: {exc}") from None
     except torch.cuda.OutOfMemoryError as exc:
         fix = ("set colossal.plugin: gemini_auto (Gemini placing chunks in CPU memory too; it resumes this run's "
                "checkpoints)" if cfg["colossal"]["plugin"] == "gemini" else
                "turn on colossal.gradient_checkpointing, lower train.micro_batch_size, or use colossal.plugin gemini_auto")
-        raise SystemExit(f"llmpipe train-colossal: out of GPU memory with colossal.plugin {cfg['colossal']['plugin']}: "
+        raise SystemExit(f"llmpipe colossal-train: out of GPU memory with colossal.plugin {cfg['colossal']['plugin']}: "
                          f"{fix}. ({str(exc).splitlines()[0]})") from None

@@ -8,6 +8,9 @@ train      python -m levanter.main.train_lm with a fixed run id; HF export -> ch
 
 import importlib.util
 import sys
+from pathlib import Path
+
+from llmpipe.backends import Backend
 
 
 def require_levanter() -> None:
@@ -15,3 +18,20 @@ def require_levanter() -> None:
     if importlib.util.find_spec("levanter") is None:
         raise SystemExit(f"levanter is not installed for {sys.executable}: set levanter.python to "
                          ".venvs/levanter/bin/python (built by scripts/setup-env-levanter.sh), or run with --use-conda")
+
+def _checks(cfg: dict) -> list[str]:
+    from llmpipe.parallelism import refuse
+
+    return refuse(cfg, "levanter (FSDP)", {"tp": [1], "pp": [1], "zero": [3], "activation_checkpointing": [True, False]})
+
+
+BACKEND = Backend(
+    name="levanter",
+    doc="JAX with Levanter on TPU VMs and pod slices (CPU JAX too), in its own environment",
+    commands={f"levanter-{step}": f"llmpipe.backends.levanter.{step}" for step in ("cache", "config", "train")},
+    env="envs/levanter.yaml",
+    setup="scripts/setup-env-levanter.sh",
+    section_schema=Path(__file__).with_name("schema.yaml"),
+    checks=_checks,
+    parallel_defaults=lambda cfg: {"zero": 3},  # FSDP over the data axis; nproc_per_node null: every device
+)

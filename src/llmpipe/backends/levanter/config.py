@@ -125,7 +125,7 @@ def levanter_config(cfg: dict, cache: str | Path, reference: str | Path, output:
             "initializer_range": m["initializer_range"],
             "tie_word_embeddings": m["tie_word_embeddings"],
             "rope": {"type": "default", "theta": m["rope_theta"]},
-            "gradient_checkpointing": lev["gradient_checkpointing"],
+            "gradient_checkpointing": cfg["parallel"]["activation_checkpointing"],
             "tokenizer": tokenizer,
             "reference_checkpoint": init,
         },

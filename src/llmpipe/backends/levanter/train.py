@@ -29,7 +29,7 @@ import yaml
 
 from llmpipe.backends.levanter import require_levanter
 from llmpipe.io import atomic_path, write_json
-from llmpipe.io import dumps as io_dumps
+from llmpipe.train.metrics import read_records, write_records
 
 log = logging.getLogger(__name__)
 
@@ -40,17 +40,17 @@ KEYS = {"train/loss": "loss", "optim/learning_rate": "lr", "throughput/total_tok
 OFFLINE = {"WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 
-class Metrics:
-    """Per-step records from json_logger lines, merged over an earlier (interrupted) run's file."""
+class LoggerRecords:
+    """Per-step records from Levanter's json_logger lines, merged over an earlier (interrupted) run's
+    metrics.jsonl; read and written through the shared llmpipe.train.metrics (atomic, strict JSON, a
+    line cut short by a kill skipped)."""
 
     def __init__(self, path: Path | None, sequences_per_step: int = 0, train_sequences: int = 0):
         self.path, self.records, self._written = path, {}, 0.0
         self.per_step, self.train_sequences = sequences_per_step, train_sequences
         self.floor = 0  # steps up to here come from the checkpoint this run resumed from
-        if path and path.exists():
-            for line in path.read_text().splitlines():
-                rec = json.loads(line)
-                self.records[rec["step"]] = rec
+        if path:
+            self.records = {rec["step"]: rec for rec in read_records(path)}
 
     def resumed(self, step: int) -> None:
         """Resumed after our step `step`: keep earlier records, drop later ones (they are trained again)."""
@@ -81,8 +81,7 @@ class Metrics:
         for r in recs:
             if self.train_sequences:
                 r["epoch"] = r["step"] * self.per_step / self.train_sequences
-        with atomic_path(self.path) as tmp:
-            tmp.write_text("".join(io_dumps(r, sort_keys=True) + "\n" for r in recs))
+        write_records(self.path, recs, sort_keys=True)
         self._written = time.monotonic()
 
 
@@ -126,46 +125,56 @@ def check_resume(lev: dict) -> None:
         fh.write(json.dumps(want, indent=1, sort_keys=True))
 
 
-def run(config_path: str | Path, out: str | Path, metrics: str | Path | None, jax_platforms: str = "") -> dict:
-    require_levanter()
-    lev = yaml.safe_load(Path(config_path).read_text())
-    run_id, steps = lev["trainer"]["id"], lev["trainer"]["num_train_steps"]
-    env = {**os.environ, **OFFLINE}
-    if jax_platforms:
-        env["JAX_PLATFORMS"] = jax_platforms
-    cmd = [sys.executable, "-m", "levanter.main.train_lm", "--config_path", str(config_path)]
+def records_for(lev: dict, metrics: str | Path | None) -> LoggerRecords:
     # epoch = sequences trained / the train split's sequences (Levanter cuts the token stream into seq_len rows)
     cache_info = Path(lev["data"]["cache_dir"]) / "cache.json"
     train_tokens = json.loads(cache_info.read_text())["splits"]["train"]["tokens"] if cache_info.exists() else 0
-    rec = Metrics(Path(metrics) if metrics else None, lev["trainer"]["train_batch_size"],
-                  train_tokens // lev["train_seq_len"])
-    resumed_from = None
+    return LoggerRecords(Path(metrics) if metrics else None, lev["trainer"]["train_batch_size"],
+                         train_tokens // lev["train_seq_len"])
+
+
+def finished_checkpoint(lev: dict) -> str | None:
+    """The last step's checkpoint folder when the run already finished (it and the last HF export exist)."""
+    run_id, steps = lev["trainer"]["id"], lev["trainer"]["num_train_steps"]
     ckpt = f"{lev['trainer']['checkpointer']['base_path']}/{run_id}/step-{steps - 1}/metadata.json"
     found = latest_export(f"{lev['hf_save_path']}/{run_id}")
     fs, ckpt_path = fsspec.core.url_to_fs(ckpt)
     if found and found[1] + 1 == steps and fs.exists(ckpt_path):
         log.info("run %s already finished (%s and the last HF export exist): not training again", run_id, ckpt)
-        resumed_from = ckpt.rsplit("/", 1)[0]
-        rec.write()
-    else:
-        check_resume(lev)
-        log.info("running %s", " ".join(cmd))
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
-        for line in proc.stdout:
-            sys.stderr.write(line)
-            rec.add(line)
-            if "Saving checkpoint" in line:
-                rec.write()  # the checkpointed step's record survives an interruption
-            m = RESUMED.search(line)
-            if m:
-                resumed_from = m.group(1)
-                step = re.search(r"step-(\d+)/?$", resumed_from)
-                if step:
-                    rec.resumed(int(step.group(1)) + 1)
-        code = proc.wait()
-        rec.write()
-        if code != 0:
-            raise RuntimeError(f"levanter.main.train_lm exited with {code} (its output is above)")
+        return ckpt.rsplit("/", 1)[0]
+    return None
+
+
+def train_lm(config_path: str | Path, lev: dict, rec: LoggerRecords, jax_platforms: str) -> str | None:
+    """Run levanter.main.train_lm, relaying its output and recording its metrics; the checkpoint it
+    resumed from (None: from the start)."""
+    check_resume(lev)
+    env = {**os.environ, **OFFLINE, **({"JAX_PLATFORMS": jax_platforms} if jax_platforms else {})}
+    cmd = [sys.executable, "-m", "levanter.main.train_lm", "--config_path", str(config_path)]
+    log.info("running %s", " ".join(cmd))
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+    resumed_from = None
+    for line in proc.stdout:
+        sys.stderr.write(line)
+        rec.add(line)
+        if "Saving checkpoint" in line:
+            rec.write()  # the checkpointed step's record survives an interruption
+        m = RESUMED.search(line)
+        if m:
+            resumed_from = m.group(1)
+            step = re.search(r"step-(\d+)/?$", resumed_from)
+            if step:
+                rec.resumed(int(step.group(1)) + 1)
+    code = proc.wait()
+    rec.write()
+    if code != 0:
+        raise RuntimeError(f"levanter.main.train_lm exited with {code} (its output is above)")
+    return resumed_from
+
+
+def publish(lev: dict, out: str | Path, rec: LoggerRecords, resumed_from: str | None) -> dict:
+    """Copy the last step's HF export to `out` with train_summary.json; the summary."""
+    run_id, steps = lev["trainer"]["id"], lev["trainer"]["num_train_steps"]
     found = latest_export(f"{lev['hf_save_path']}/{run_id}")
     if found is None or found[1] + 1 != steps:
         raise RuntimeError(f"no HF export of the last step ({steps - 1} in Levanter's numbering) under "
@@ -185,6 +194,18 @@ def run(config_path: str | Path, out: str | Path, metrics: str | Path | None, ja
         write_json(tmp / "train_summary.json", summary)
     log.info("levanter: %s", summary)
     return summary
+
+
+def run(config_path: str | Path, out: str | Path, metrics: str | Path | None, jax_platforms: str = "") -> dict:
+    require_levanter()
+    lev = yaml.safe_load(Path(config_path).read_text())
+    rec = records_for(lev, metrics)
+    resumed_from = finished_checkpoint(lev)
+    if resumed_from is not None:
+        rec.write()
+    else:
+        resumed_from = train_lm(config_path, lev, rec, jax_platforms)
+    return publish(lev, out, rec, resumed_from)
 
 
 def main(argv: list[str] | None = None) -> None:

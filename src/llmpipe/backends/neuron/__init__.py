@@ -6,3 +6,33 @@ xser     reader of NxD training checkpoints (xser reference file + .tensors fold
 merge    NxD rank files (a training step or the pretrained shards) -> HF safetensors + config + tokenizer
 commands the precompile (neuron_parallel_compile) and training commands: env, flags, srun + torchrun
 """
+
+from pathlib import Path
+
+from llmpipe.backends import Backend
+
+
+def _checks(cfg: dict) -> list[str]:
+    from llmpipe.backends.neuron.commands import config_problems
+
+    return config_problems(cfg)
+
+
+def _parallel_defaults(cfg: dict) -> dict:
+    """One process per NeuronCore (trn1.32xlarge 32; trn2.48xlarge 64 logical cores at LNC 2), ZeRO-1 and
+    selective checkpointing as NxD's recipes."""
+    cores = {"trn1": 32, "trn2": 64}[cfg["neuron"]["hw_backend"]]
+    return {"nproc_per_node": cores, "zero": 1, "activation_checkpointing": "selective"}
+
+
+BACKEND = Backend(
+    name="neuron",
+    doc="AWS Trainium with neuronx-distributed's Llama trainers (tp/pp, tp + ZeRO-1) on Slurm",
+    commands={f"neuron-{step}": f"llmpipe.backends.neuron.{module}" for step, module in
+              (("shard", "shard"), ("merge", "merge"), ("precompile", "precompile"), ("train", "commands"))},
+    env="envs/torch.yaml",
+    setup="scripts/setup-env-neuron.sh",
+    section_schema=Path(__file__).with_name("schema.yaml"),
+    checks=_checks,
+    parallel_defaults=_parallel_defaults,
+)

@@ -5,7 +5,7 @@ graphs first with neuron_parallel_compile.
   python -m llmpipe neuron-train      --config CFG --init INIT --data VIEW --checkpoint-dir CKPT --out SUMMARY
   (--dry-run prints the environment and the command instead of running it)
 
-Two trainers from NxD's examples (neuron.script; auto = tp_zero1 at neuron.pp 1, else tp_pp):
+Two trainers from NxD's examples (neuron.script; auto = tp_zero1 at parallel.pp 1, else tp_pp):
   tp_pp     examples/training/llama/tp_pp_llama_hf_pretrain/run_llama_nxd.py (pp >= 2: at pp 1 it builds
             the model with return_dict=False and NxD's run_train calls backward() on a tuple)
   tp_zero1  examples/training/llama/tp_zero1_llama_hf_pretrain/tp_zero1_llama_hf_pretrain.py (tp + ZeRO-1,
@@ -16,8 +16,8 @@ The launch is llmpipe.launch's: one task per node through `srun`, each running t
 recipes); precompile wraps each node's command in `neuron_parallel_compile`, with the same nodes,
 flags and compile cache, the steps cut to neuron.extract_steps and no checkpoint saving.
 
-Mapping of the shared schema (train:) to the trainers' flags (DP = neuron.cores_per_node x
-train.nnodes / (tp x pp); per-replica batch = global_batch_size / DP):
+Mapping of the shared schema (train:) to the trainers' flags (DP = parallel.nproc_per_node x
+parallel.nnodes / (tp x pp); per-replica batch = global_batch_size / DP):
   tp_pp:    --train_batch_size per-replica batch, --num_microbatches = it / micro_batch_size;
             lr, min_lr, warmup_steps, max_steps, beta1, beta2, seed -> same names (cosine to min_lr).
   tp_zero1: --batch_size micro_batch_size, --grad_accum_usteps = per-replica batch / micro_batch_size;
@@ -63,7 +63,12 @@ class NeuronConfigError(ValueError):
 
 def script_kind(cfg: dict) -> str:
     n = cfg["neuron"]
-    return n["script"] if n["script"] != "auto" else ("tp_zero1" if n["pp"] == 1 else "tp_pp")
+    return n["script"] if n["script"] != "auto" else ("tp_zero1" if cfg["parallel"]["pp"] == 1 else "tp_pp")
+
+
+def layout_of(cfg: dict) -> Layout:
+    """The rank-file layout: parallel.tp / pp and the neuron section's QKV and hardware keys."""
+    return Layout.from_config(cfg)
 
 
 def script_path(cfg: dict) -> Path:
@@ -79,28 +84,35 @@ def adam_eps(cfg: dict) -> float:
 def batch_plan(cfg: dict) -> dict:
     """Data parallelism and the trainer's batch flags from train.* and neuron.*; every setting the
     trainer would not honour is refused here, naming the key."""
-    t, n = cfg["train"], cfg["neuron"]
+    t, n, p = cfg["train"], cfg["neuron"], cfg["parallel"]
     kind, name = script_kind(cfg), Path(SCRIPTS[script_kind(cfg)]).name
-    world = n["cores_per_node"] * t["nnodes"]
+    world = p["nproc_per_node"] * p["nnodes"]
     errs = []
-    if world % (n["tp"] * n["pp"]):
-        raise NeuronConfigError(f"neuron.tp {n['tp']} x neuron.pp {n['pp']} must divide the {world} NeuronCores "
-                                f"(neuron.cores_per_node {n['cores_per_node']} x train.nnodes {t['nnodes']})")
-    dp = world // (n["tp"] * n["pp"])
+    if world % (p["tp"] * p["pp"]):
+        raise NeuronConfigError(f"parallel.tp {p['tp']} x parallel.pp {p['pp']} must divide the {world} NeuronCores "
+                                f"(parallel.nproc_per_node {p['nproc_per_node']} x parallel.nnodes {p['nnodes']})")
+    dp = world // (p["tp"] * p["pp"])
     gbs, micro = t["global_batch_size"], t["micro_batch_size"]
     if gbs % dp:
         raise NeuronConfigError(f"train.global_batch_size {gbs} must be a multiple of data parallelism {dp} "
-                                f"(= {world} cores / tp {n['tp']} / pp {n['pp']})")
+                                f"(= {world} cores / tp {p['tp']} / pp {p['pp']})")
     per_dp = gbs // dp
     if per_dp % micro:
         errs.append(f"train.micro_batch_size {micro} must divide the per-replica batch {per_dp} (global {gbs} / DP {dp})")
-    if kind == "tp_pp" and n["pp"] == 1:
-        errs.append("neuron.script tp_pp (run_llama_nxd.py) cannot train at neuron.pp 1: it builds the model with "
+    if kind == "tp_pp" and p["pp"] == 1:
+        errs.append("neuron.script tp_pp (run_llama_nxd.py) cannot train at parallel.pp 1: it builds the model with "
                     "return_dict=False and NxD's run_train then calls backward() on a tuple; use neuron.script "
-                    "tp_zero1 (NxD's tp + ZeRO-1 recipe; auto picks it at pp 1) or neuron.pp >= 2")
+                    "tp_zero1 (NxD's tp + ZeRO-1 recipe; auto picks it at pp 1) or parallel.pp >= 2")
+    if p["zero"] not in (0, 1):
+        errs.append(f"{name} has ZeRO-1 or none: parallel.zero {p['zero']} cannot be honoured (set 0 or 1)")
+    full = {"tp_pp": True, "tp_zero1": False}[kind]  # tp_pp: selective or none; tp_zero1: selective or every layer
+    if p["activation_checkpointing"] == full:
+        errs.append(f"{name} checkpoints {'selectively or not at all' if full else 'selectively or every layer'}: "
+                    f"parallel.activation_checkpointing {p['activation_checkpointing']} cannot be honoured "
+                    f"(set selective or {not full})")
     if kind == "tp_zero1":
-        if n["pp"] != 1 or n["vpp"] != 1:
-            errs.append(f"neuron.script tp_zero1 has no pipeline: neuron.pp ({n['pp']}) and neuron.vpp ({n['vpp']}) must be 1")
+        if p["pp"] != 1 or n["vpp"] != 1:
+            errs.append(f"neuron.script tp_zero1 has no pipeline: parallel.pp ({p['pp']}) and neuron.vpp ({n['vpp']}) must be 1")
         if t["min_lr"] != 0:
             errs.append(f"{name} decays the learning rate linearly to 0 at max_steps: train.min_lr {t['min_lr']} "
                         "cannot be honoured (set 0)")
@@ -133,7 +145,7 @@ def model_dims(cfg: dict) -> Dims | None:
     m = cfg["model"]
     return Dims(layers=m["num_hidden_layers"], hidden=m["hidden_size"], heads=m["num_attention_heads"],
                 kv_heads=m["num_key_value_heads"], intermediate=m["intermediate_size"],
-                vocab=cfg["neuron"]["tp"], tied=m["tie_word_embeddings"])
+                vocab=cfg["parallel"]["tp"], tied=m["tie_word_embeddings"])
 
 
 def check_config(cfg: dict) -> None:
@@ -141,12 +153,21 @@ def check_config(cfg: dict) -> None:
     d = model_dims(cfg)
     if d is not None:
         try:
-            Layout.from_config(cfg["neuron"]).check(d)
+            layout_of(cfg).check(d)
         except LayoutError as exc:
             if cfg["model"]["init_from"] and cfgmod.base_config_json(cfg) is None:
                 raise LayoutError(f"{exc} (model.* sizes: {cfg['model']['init_from']} is not downloaded yet)") from None
             raise
     batch_plan(cfg)
+
+
+def config_problems(cfg: dict) -> list[str]:
+    """check_config's verdict as a list of problems (llmpipe.config.validate runs it)."""
+    try:
+        check_config(cfg)
+    except (NeuronConfigError, LayoutError) as exc:
+        return [str(exc)]
+    return []
 
 
 def compile_cache(cfg: dict) -> str:
@@ -196,14 +217,14 @@ def trainer_args(cfg: dict, init: str, data: str, checkpoint_dir: str, metrics: 
 
 def tp_pp_flags(cfg: dict, init: str, data: str, checkpoint_dir: str, metrics: str, tb_dir: str,
                 extract: bool) -> dict:
-    t, n = cfg["train"], cfg["neuron"]
-    layout = Layout.from_config(n)
+    t, n, p = cfg["train"], cfg["neuron"], cfg["parallel"]
+    layout = layout_of(cfg)
     b = batch_plan(cfg)
     return {
         "--training_dir": f"{data}/train",
         "--training_config": init,
-        "--tensor_parallel_size": n["tp"],
-        "--pipeline_parallel_size": n["pp"],
+        "--tensor_parallel_size": p["tp"],
+        "--pipeline_parallel_size": p["pp"],
         "--virtual_pipeline_size": n["vpp"],
         "--kv_replicator": n["kv_size_multiplier"],
         "--qkv_linear": int(layout.qkv_linear),
@@ -220,10 +241,10 @@ def tp_pp_flags(cfg: dict, init: str, data: str, checkpoint_dir: str, metrics: s
         "--beta2": t["beta2"],
         "--weight_decay": t["weight_decay"],
         "--seed": t["seed"],
-        "--use_zero1_optimizer": int(n["zero1"]),
+        "--use_zero1_optimizer": int(p["zero"] == 1),
         "--use_fp32_optimizer": int(n["fp32_optimizer"]),
         "--use_meta_device_init": int(n["meta_device_init"]),
-        "--use_selective_checkpoint": int(n["selective_checkpoint"]),
+        "--use_selective_checkpoint": int(p["activation_checkpointing"] == "selective"),
         "--use_sequence_parallel": int(n["sequence_parallel"]),
         "--use_flash_attention": int(n["flash_attention"]),
         "--checkpoint_dir": checkpoint_dir,
@@ -241,12 +262,12 @@ def tp_pp_flags(cfg: dict, init: str, data: str, checkpoint_dir: str, metrics: s
 def zero1_flags(cfg: dict, init: str, data: str, checkpoint_dir: str, metrics: str, tb_dir: str,
                 extract: bool) -> dict:
     """tp_zero1_llama_hf_pretrain.py: switches are store_true (present = on), the rest valued."""
-    t, n = cfg["train"], cfg["neuron"]
-    layout = Layout.from_config(n)
+    t, n, p = cfg["train"], cfg["neuron"], cfg["parallel"]
+    layout = layout_of(cfg)
     b = batch_plan(cfg)
-    switches = {"--use_mix_precision": n["fp32_optimizer"], "--use_zero_1": n["zero1"],
+    switches = {"--use_mix_precision": n["fp32_optimizer"], "--use_zero_1": p["zero"] == 1,
                 "--sequence_parallel_enabled": n["sequence_parallel"],
-                "--selective_checkpoint_enabled": n["selective_checkpoint"],  # off = full checkpointing there
+                "--selective_checkpoint_enabled": p["activation_checkpointing"] == "selective",  # off = every layer
                 "--use_meta_device_init": n["meta_device_init"], "--qkv_linear": layout.qkv_linear,
                 "--pretrained_weight": True, "--print_grad_norm": True}
     return {
@@ -254,7 +275,7 @@ def zero1_flags(cfg: dict, init: str, data: str, checkpoint_dir: str, metrics: s
         "--data_dir": f"{data}/train",
         "--output_dir": tb_dir,
         "--metrics_file": metrics,
-        "--tensor_parallel_size": n["tp"],
+        "--tensor_parallel_size": p["tp"],
         "--kv_replicator": n["kv_size_multiplier"],
         "--fuse_qkv": int(layout.fuse_qkv),
         "--use_flash_attention": int(n["flash_attention"]),
@@ -280,9 +301,9 @@ def zero1_flags(cfg: dict, init: str, data: str, checkpoint_dir: str, metrics: s
 
 def command(cfg: dict, args: list[str], alloc: launch.Allocation | None, phase: str, python: str | None = None) -> list[str]:
     """The launch (llmpipe.launch.plan) of `args`; precompile wraps each node's command."""
-    t, n = cfg["train"], cfg["neuron"]
+    t, n, p = cfg["train"], cfg["neuron"], cfg["parallel"]
     python = python or n["python"]
-    cmd = launch.plan(args, n["cores_per_node"], t["nnodes"], t["launcher"], alloc, n["master_port"], python,
+    cmd = launch.plan(args, p["nproc_per_node"], p["nnodes"], t["launcher"], alloc, n["master_port"], python,
                       auto_resume=t["slurm_auto_resume"] and phase == "train")
     if phase == "precompile":
         at = cmd.index(python)  # srun [options] PYTHON -m llmpipe launch --node-task ...  |  PYTHON -m torch.distributed.run ...
@@ -346,7 +367,7 @@ def main(argv: list[str] | None = None, phase: str = "train") -> None:
     if rc:
         raise SystemExit(f"llmpipe neuron-{phase}: the {phase} command exited with {rc}")
     record = {"phase": phase, "command": cmd, "env": env, "compile_cache": compile_cache(cfg),
-              "cc_flags": env["NEURON_CC_FLAGS"], "nodes": cfg["train"]["nnodes"], **batch_plan(cfg)}
+              "cc_flags": env["NEURON_CC_FLAGS"], "nodes": cfg["parallel"]["nnodes"], **batch_plan(cfg)}
     if phase == "train":
         from llmpipe.backends.neuron.merge import complete_steps
 

@@ -71,9 +71,12 @@ class Layout:
     hw_backend: str = "trn1"           # trn1 | trn2: the KV replication order (module docstring)
 
     @classmethod
-    def from_config(cls, neuron: dict) -> "Layout":
+    def from_config(cls, spec: dict) -> "Layout":
+        """A flat layout, or a config: its neuron section with parallel.tp / pp."""
+        if "neuron" in spec:
+            spec = {**spec["neuron"], **{k: v for k, v in spec.get("parallel", {}).items() if k in ("tp", "pp")}}
         keys = ("tp", "pp", "vpp", "kv_size_multiplier", "qkv_linear", "fuse_qkv", "coalesce_qkv", "hw_backend")
-        return cls(**{k: neuron[k] for k in keys if k in neuron})
+        return cls(**{k: spec[k] for k in keys if k in spec})
 
     def to_json(self) -> dict:
         return asdict(self)

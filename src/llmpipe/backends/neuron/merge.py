@@ -311,7 +311,7 @@ def main(argv: list[str] | None = None) -> None:
     layout = None
     if args.layout:
         spec = json.loads(args.layout)
-        layout = Layout.from_config(spec.get("neuron", spec))
+        layout = Layout.from_config(spec)
     cfg = json.loads((Path(args.hf_config) / "config.json").read_text()) if args.hf_config else None
     merge(args.checkpoint_dir, args.out, args.tokenizer, args.step, args.dtype, layout, cfg,
           int(args.max_shard_gb * (1 << 30)))

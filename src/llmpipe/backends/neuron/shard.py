@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--model", required=True, help="HF model folder (config.json + safetensors or .bin)")
     p.add_argument("--out", required=True, help="NxD checkpoint dir (run_llama_nxd.py --checkpoint_dir)")
     p.add_argument("--layout", required=True, help="JSON: tp, pp, vpp, kv_size_multiplier, qkv_linear, fuse_qkv, coalesce_qkv "
-                   "(or a config JSON with a `neuron` section)")
+                   "(or a config JSON with `neuron` and `parallel` sections)")
     args = p.parse_args(argv)
     spec = json.loads(args.layout)
-    shard(args.model, args.out, Layout.from_config(spec.get("neuron", spec)))
+    shard(args.model, args.out, Layout.from_config(spec))

@@ -5,7 +5,7 @@ config as JSON, processes_per_instance), input/config/resourceconfig.json (hosts
 (train = hf view, init = starting checkpoint, code = this source), checkpoints/ (synced with the
 job's CheckpointConfig S3 prefix, so a new attempt resumes), model/ (-> model.tar.gz: the HF-format
 model), output/data/ (-> output.tar.gz: metrics.jsonl), output/failure (the FailureReason).
-One process: python -m llmpipe train; several or several hosts: torchrun with static rendezvous on
+One process: python -m llmpipe torch-train; several or several hosts: torchrun with static rendezvous on
 the first host. LLMPIPE_SM_ROOT replaces /opt/ml (tests).
 """
 
@@ -46,7 +46,7 @@ def command(root: Path, hp: dict, resource: dict, out: Path, python: str = sys.e
     hosts = resource.get("hosts", ["algo-1"])
     rank = hosts.index(resource.get("current_host", hosts[0]))
     data = root / "input" / "data"
-    train = ["-m", "llmpipe", "train", "--config", json.dumps(cfg), "--init", str(data / "init"),
+    train = ["-m", "llmpipe", "torch-train", "--config", json.dumps(cfg), "--init", str(data / "init"),
              "--data", str(data / "train"), "--checkpoints", str(root / "checkpoints"),
              "--metrics", str(root / "output" / "data" / "metrics.jsonl"), "--out", str(out)]
     if nproc == 1 and len(hosts) == 1:

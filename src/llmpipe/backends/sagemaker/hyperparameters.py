@@ -55,6 +55,15 @@ def check_settings(config: dict) -> None:
         raise SettingsError(f"sagemaker.hyperparameters may not set the mapped hyperparameters: {where}")
 
 
+def settings_problems(config: dict) -> list[str]:
+    """check_settings's verdict as a list of problems (llmpipe.config.validate runs it)."""
+    try:
+        check_settings(config)
+    except SettingsError as exc:
+        return [str(exc)]
+    return []
+
+
 def _text(value) -> str:
     if isinstance(value, bool):
         return str(value).lower()

@@ -65,7 +65,7 @@ def build_request(cfg: dict, inputs: dict) -> dict:
         spec = {"TrainingImage": sm["image_uri"], "TrainingInputMode": "File",
                 "ContainerEntrypoint": ["python3", f"{CODE_DIR}/{ENTRY_SCRIPT}"]}
         hp = {"llmpipe_config": json.dumps({"train": cfg["train"], "eval": cfg["eval"]}, sort_keys=True),
-              "processes_per_instance": str(sm["processes_per_instance"] or "auto"),
+              "processes_per_instance": str(cfg["parallel"]["nproc_per_node"] or "auto"),
               **{k: str(v) for k, v in sm["hyperparameters"].items()}}
     request = {
         "AlgorithmSpecification": spec,
@@ -77,7 +77,7 @@ def build_request(cfg: dict, inputs: dict) -> dict:
                                              "S3DataDistributionType": "FullyReplicated"}}}
             for name, ch in inputs["channels"].items()],
         "OutputDataConfig": {"S3OutputPath": aws.join(base, "output")},
-        "ResourceConfig": {"InstanceType": sm["instance_type"], "InstanceCount": sm["instance_count"],
+        "ResourceConfig": {"InstanceType": sm["instance_type"], "InstanceCount": cfg["parallel"]["nnodes"],
                            "VolumeSizeInGB": sm["volume_size_gb"],
                            "KeepAlivePeriodInSeconds": sm["keep_alive_seconds"]},
         "StoppingCondition": {"MaxRuntimeInSeconds": sm["max_runtime_seconds"]},

@@ -1,0 +1,46 @@
+"""Config checks of the colossal backend, before any job (llmpipe.config.validate runs them)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from llmpipe.parallelism import refuse
+
+
+# The ZeRO stage each plugin is (3d: parallel.zero 0-2 chooses it).
+PLUGIN_ZERO = {"gemini": 3, "gemini_auto": 3, "zero2": 2, "ddp": 0}
+
+
+def parallel_defaults(cfg: dict) -> dict:
+    return {"nproc_per_node": 1, "zero": PLUGIN_ZERO.get(cfg["colossal"]["plugin"], 0), "activation_checkpointing": False}
+
+
+def problems(cfg: dict) -> list[str]:
+    return layout_problems(cfg) + launcher_problems(cfg)
+
+
+def layout_problems(cfg: dict) -> list[str]:
+    plugin, p = cfg["colossal"]["plugin"], cfg["parallel"]
+    if plugin == "3d":
+        return refuse(cfg, "colossal (plugin 3d)", {"zero": [0, 1, 2], "activation_checkpointing": [True, False]})
+    out = refuse(cfg, f"colossal (plugin {plugin})", {"tp": [1], "pp": [1], "zero": [PLUGIN_ZERO[plugin]],
+                                                       "activation_checkpointing": [True, False]})
+    return [f"{line}; parallel.tp / pp / a chosen zero need colossal.plugin 3d" if "'parallel.tp'" in line or "'parallel.pp'" in line
+            else line for line in out]
+
+
+def launcher_problems(cfg: dict) -> list[str]:
+    c, out = cfg["colossal"], []
+    if c["launcher"] != "colossalai":
+        return out
+    if c["hostfile"] and not Path(c["hostfile"]).is_file():
+        out.append(f"'colossal.hostfile' {c['hostfile']!r} does not exist")
+    if cfg["parallel"]["nnodes"] > 1 and not c["hostfile"]:
+        out.append("'colossal.launcher' colossalai on 'parallel.nnodes' > 1 needs 'colossal.hostfile' (one host per line)")
+    if cfg["train"]["slurm_auto_resume"]:
+        out.append("'train.slurm_auto_resume' needs srun, but 'colossal.launcher' colossalai starts the processes itself")
+    if re.search(r"[^\w./+:-]", cfg["results_dir"]):
+        out.append(f"'results_dir' ({cfg['results_dir']!r}) has characters `colossalai run` would pass through a shell "
+                   "unquoted (it joins its arguments into one command line): use colossal.launcher llmpipe, or a plain path")
+    return out

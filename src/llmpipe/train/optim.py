@@ -1,0 +1,26 @@
+"""The optimizer recipe of every trainer we own: AdamW-style update with weight decay on matrices only
+(train.weight_decay; biases, norms and other vectors get none) and the warmup + cosine LR schedule
+(llmpipe.train.schedule.lr_at) as a LambdaLR."""
+
+from __future__ import annotations
+
+import torch
+
+from llmpipe.train.schedule import lr_at
+
+
+def param_groups(model, weight_decay: float) -> list[dict]:
+    """Trainable parameters in two groups: matrices (decayed) and the rest (not)."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def build_optimizer(model, t: dict, optimizer_cls=torch.optim.AdamW, **kwargs):
+    """(optimizer, LambdaLR scheduler) from train.* `t`. `optimizer_cls` takes param groups, lr, betas and
+    eps (torch AdamW by default; ColossalAI's HybridAdam with adamw_mode=True in `kwargs` on GPU)."""
+    opt = optimizer_cls(param_groups(model, t["weight_decay"]), lr=t["lr"], betas=(t["beta1"], t["beta2"]),
+                        eps=t["eps"], **kwargs)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: lr_at(s, t["lr"], t["min_lr"], t["warmup_steps"], t["max_steps"]) / t["lr"])
+    return opt, sched
