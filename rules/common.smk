@@ -14,7 +14,7 @@ from llmpipe.data.readers import HF_PREFIX
 from llmpipe.data.tokenizer import TOKENIZER_FILES
 from llmpipe.hub import is_hub_ref
 from llmpipe.train.resume import changed_settings
-from llmpipe.data.sources import expand_sources
+from llmpipe.data.sources import expand_sources, stat_digest
 
 # defaults < preset < the profile's llmpipe.yaml < your --configfile / --config (llmpipe/profiles.py)
 try:
@@ -56,12 +56,24 @@ def cfg_json(*keys):
     return lambda wildcards: text  # a function: Snakemake must not read {...} in values as wildcards
 
 
+def local_corpus():
+    """(files rule download_dataset writes, the user's local corpus files with globs expanded)."""
+    local = [s for s in source_paths(config["data"]["sources"]) if not s.startswith(HF_PREFIX) and "://" not in s]
+    made = [s for s in local if s in HUB_DATASETS.values()]
+    return made, expand_sources([s for s in local if s not in made])
+
+
 def corpus_files(wildcards):
     """Local corpus files (globs expanded), so editing one reruns get_data. URLs and hf: datasets are
     not listed (no network at parse time): get_data fingerprints them (ETag / size) instead."""
-    local = [s for s in source_paths(config["data"]["sources"]) if not s.startswith(HF_PREFIX) and "://" not in s]
-    made = [s for s in local if s in HUB_DATASETS.values()]  # rule download_dataset writes these
-    return made + expand_sources([s for s in local if s not in made])
+    made, given = local_corpus()
+    return made + given
+
+
+def corpus_stat(wildcards):
+    """A digest of the user's local corpus files' size, mtime, ctime and inode (an edit that restores the
+    mtime still changes it: llmpipe.data.sources.stat_digest). Files this workflow writes are left out."""
+    return stat_digest(local_corpus()[1])
 
 
 def tokenizer_inputs(wildcards):

@@ -9,6 +9,7 @@ rule get_data:
         f"{RUN}/data/sources.json",
     params:
         cfg=cfg_json("data"),
+        files=corpus_stat,  # size, mtime, ctime, inode: an edit that keeps the mtime still reruns it
     log:
         f"{RUN}/logs/get_data.log",
     conda:

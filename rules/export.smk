@@ -5,6 +5,7 @@ rule export_hf:
     input:
         trained=f"{RUN}/checkpoints/{BACKEND}/final",
         tokenizer=f"{RUN}/tokenizer",
+        manifest=f"{RUN}/data/tokens/manifest.json",
     output:
         directory(f"{RUN}/hf"),
     params:
@@ -15,7 +16,7 @@ rule export_hf:
         "../envs/torch.yaml"
     shell:
         "python -m llmpipe export --config {params.cfg:q} --trained {input.trained:q} --tokenizer {input.tokenizer:q}"
-        " --out {output:q} > {log:q} 2>&1"
+        " --manifest {input.manifest:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule evaluate:

@@ -4,6 +4,7 @@ generation_config.json or weights reruns init and what follows, not the data sta
 in those folders reruns nothing; a colossal hostfile and a plan hardware file are inputs of their jobs."""
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -86,3 +87,44 @@ def test_hostfile_and_hardware_file_are_inputs(tmp_path, section, key, rule):
     assert proc.returncode == 0, proc.stderr[-2000:]
     block = proc.stdout[proc.stdout.index(f"rule {rule}:"):].split("\n\n")[0]
     assert str(path) in re.search(r"input: (.*)", block).group(1)
+
+
+def restore_times(path, st):
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def test_source_edit_with_its_mtime_restored_reruns_from_get_data(done_run):
+    """cp -p / rsync -t / a restored backup keep the mtime: the stat digest (size, mtime, ctime, inode) sees it."""
+    work, snakemake = done_run
+    corpus = work / "corpus.jsonl"
+    assert "Nothing to be done" in (lambda p: p.stdout + p.stderr)(snakemake("-n"))
+    st = corpus.stat()
+    text = corpus.read_text()
+    k = text.index("e", text.index('"text": "') + 9)
+    corpus.write_text(text[:k] + "E" + text[k + 1 :])  # same size, other bytes (inside a document)
+    restore_times(corpus, st)
+    assert corpus.stat().st_mtime_ns == st.st_mtime_ns and corpus.stat().st_size == st.st_size
+    planned = jobs(snakemake("-n").stdout)
+    assert {"get_data", "tokenize", "token_store", "pack_view", "verify_data"} <= planned, planned
+    proc = snakemake()
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    log = (work / "results/default/logs/get_data.log").read_text()
+    assert "1 local file(s) hashed, 0 unchanged" in log  # the one file, changed: hashed again
+    sources = json.loads((work / "results/default/data/sources.json").read_text())
+    import hashlib
+
+    assert sources["sources"][0]["sha256"] == hashlib.sha256(corpus.read_bytes()).hexdigest()
+
+
+def test_source_replaced_by_mv_of_a_copy_reruns_from_get_data(done_run):
+    work, snakemake = done_run
+    corpus = work / "corpus.jsonl"
+    copy = work / "corpus.copy"
+    shutil.copy2(corpus, copy)  # same bytes, same mtime, another inode
+    os.replace(copy, corpus)
+    assert {"get_data", "tokenize"} <= jobs(snakemake("-n").stdout)
+    proc = snakemake()
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "0 local file(s) hashed, 1 unchanged" not in (work / "results/default/logs/get_data.log").read_text()
+    # run again with nothing changed: nothing to do, and get_data would not read the file again
+    assert "Nothing to be done" in (lambda p: p.stdout + p.stderr)(snakemake("-n"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import math
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import torch
 
 from llmpipe import config as cfgmod
+from llmpipe.data.tokenizer import TokenizerMismatch, check_same_tokenizer
 from llmpipe.io import write_json
 from llmpipe.train.loss import dataset_loss
 
@@ -20,6 +22,9 @@ def evaluate(model_dir: str | Path, view_dir: str | Path, out: str | Path, batch
     import datasets
     from transformers import AutoModelForCausalLM
 
+    recorded = json.loads((Path(view_dir) / "view.json").read_text()).get("tokenizer_sha256")
+    if recorded:  # the model's tokenizer is the one the scored tokens were made with
+        check_same_tokenizer(model_dir, recorded, f"the view {view_dir}")
     torch.set_num_threads(threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = AutoModelForCausalLM.from_pretrained(
@@ -45,4 +50,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", required=True, help="eval.json")
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args(argv)
-    evaluate(args.model, args.data, args.out, cfgmod.load(args.config)["eval"]["batch_size"], args.threads)
+    try:
+        evaluate(args.model, args.data, args.out, cfgmod.load(args.config)["eval"]["batch_size"], args.threads)
+    except TokenizerMismatch as exc:
+        raise SystemExit(f"llmpipe evaluate: {exc}") from None

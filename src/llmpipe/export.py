@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 from pathlib import Path
 
 import torch
 
 from llmpipe import config as cfgmod
-from llmpipe.data.tokenizer import load_tokenizer
+from llmpipe.data.tokenizer import TokenizerMismatch, check_same_tokenizer, load_tokenizer
 from llmpipe.io import atomic_path
 from llmpipe.model.hf_compat import add_legacy_rope
 
@@ -18,8 +19,22 @@ log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def export(trained: str | Path, tokenizer_dir: str | Path, out_dir: str | Path, dtype: str = "float32") -> None:
+def check_tokenizer(trained: str | Path, tokenizer_dir: str | Path, manifest: str | Path | None) -> None:
+    """The tokenizer shipped is the one the token store (and so the model) was made with; a tokenizer
+    saved with the checkpoint must be that one too."""
+    if manifest is None:
+        return
+    expected = json.loads(Path(manifest).read_text())["tokenizer"]["sha256"]
+    check_same_tokenizer(tokenizer_dir, expected, f"the token store {manifest}")
+    if (Path(trained) / "tokenizer.json").is_file():
+        check_same_tokenizer(trained, expected, f"the token store {manifest}")
+
+
+def export(trained: str | Path, tokenizer_dir: str | Path, out_dir: str | Path, dtype: str = "float32",
+           manifest: str | Path | None = None) -> None:
     from transformers import AutoModelForCausalLM
+
+    check_tokenizer(trained, tokenizer_dir, manifest)
 
     model = AutoModelForCausalLM.from_pretrained(str(trained), dtype=torch.float32, trust_remote_code=False)
     model = model.to(DTYPES[dtype])
@@ -42,6 +57,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--config", required=True)
     p.add_argument("--trained", required=True, help="HF-format folder the backend produced")
     p.add_argument("--tokenizer", required=True)
+    p.add_argument("--manifest", help="token store manifest.json: the tokenizer must be the one it was made with")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
-    export(args.trained, args.tokenizer, args.out, cfgmod.load(args.config)["export"]["dtype"])
+    try:
+        export(args.trained, args.tokenizer, args.out, cfgmod.load(args.config)["export"]["dtype"], args.manifest)
+    except TokenizerMismatch as exc:
+        raise SystemExit(f"llmpipe export: {exc}") from None

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from llmpipe import config as cfgmod
 from llmpipe.data import mixture
-from llmpipe.data.sources import describe, expand_sources
+from llmpipe.data.sources import describe, expand_sources, local_stat
 from llmpipe.io import write_json
 
 log = logging.getLogger(__name__)
@@ -26,7 +26,12 @@ def get_data(data_cfg: dict, out: str | Path) -> dict:
         sources, mix = mixture.plan(data_cfg)
     else:
         sources = expand_sources(data_cfg["sources"])
-    entries = [describe(s) for s in sources]
+    cache = Path(out).with_name(".sources-hashes.json")  # not an output: survives Snakemake's delete
+    known = json.loads(cache.read_text()) if cache.is_file() else {}
+    entries = [describe(s, known) for s in sources]
+    local = {e["source"]: {"stat": local_stat(e["source"]), "sha256": e["sha256"]} for e in entries if "sha256" in e}
+    rehashed = sum(1 for s, v in local.items() if known.get(s) != v)
+    write_json(cache, local)
     if mix:
         for entry, g in zip(entries, mix["group_of_source"]):
             entry["group"] = mix["groups"][g]["name"]
@@ -34,7 +39,8 @@ def get_data(data_cfg: dict, out: str | Path) -> dict:
     key = hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()
     manifest = {"sources": entries, "key": key, **({"mixture": mix} if mix else {})}
     write_json(out, manifest)
-    log.info("%d sources, %s bytes, key %s", len(entries), sum(e.get("size") or 0 for e in entries), key[:12])
+    log.info("%d sources, %s bytes, key %s; %d local file(s) hashed, %d unchanged (size, mtime, ctime, inode)",
+             len(entries), sum(e.get("size") or 0 for e in entries), key[:12], rehashed, len(local) - rehashed)
     return manifest
 
 

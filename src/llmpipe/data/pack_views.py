@@ -11,7 +11,7 @@ from pathlib import Path
 
 from llmpipe import config as cfgmod
 from llmpipe.data.token_store import TokenStore
-from llmpipe.data.tokenizer import tokenizer_sha256
+from llmpipe.data.tokenizer import check_same_tokenizer
 from llmpipe.data.views import FORMATS
 from llmpipe.io import atomic_path, write_json
 
@@ -31,13 +31,14 @@ def build_view(manifest: str | Path, fmt: str, out_dir: str | Path, cfg: dict, t
     if fmt not in FORMATS:
         raise ValueError(f"unknown view format {fmt!r}; available: {', '.join(FORMATS)}")
     store = TokenStore(manifest)
-    if tokenizer_dir is not None and tokenizer_sha256(tokenizer_dir) != store.manifest["tokenizer"]["sha256"]:
-        raise ValueError(f"token store {manifest} was made with another tokenizer than {tokenizer_dir}: retokenize")
+    if tokenizer_dir is not None:
+        check_same_tokenizer(tokenizer_dir, store.manifest["tokenizer"]["sha256"], f"token store {manifest}")
     module = importlib.import_module(f"llmpipe.data.views.{fmt}")
     with atomic_path(out_dir) as tmp:
         stats = module.write(store, tmp, cfg)
         info = {"format": fmt, "seq_len": cfg["train"]["seq_len"], "store_fingerprint": store.manifest["fingerprint"],
-                "fingerprint": view_key(store, fmt, cfg), "eos_id": store.eos_id, **stats}
+                "fingerprint": view_key(store, fmt, cfg), "eos_id": store.eos_id,
+                "tokenizer_sha256": store.manifest["tokenizer"]["sha256"], **stats}
         write_json(tmp / "view.json", info)
     log.info("%s view %s: %s", fmt, out_dir, stats)
     return info

@@ -82,8 +82,25 @@ def assign(sources: list[str], num_shards: int, shard: int) -> Assignment:
     return Assignment(shard, num_shards, tuple(indexed), True)
 
 
-def describe(source: str) -> dict:
-    """Identity of a source for keying outputs: sha256 for local files, size + etag/mtime for remote ones."""
+def local_stat(path: str) -> list[int]:
+    """What changes whenever a local file's bytes may have: size, mtime_ns, ctime_ns (which no user can set
+    back, unlike mtime: `cp -p`, `rsync -t`, `touch -d`), inode (a file replaced by `mv`)."""
+    st = os.stat(path)
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
+def stat_digest(paths: list[str]) -> str:
+    """One cheap fingerprint of local files (the DAG is keyed by it: a change reruns get_data)."""
+    h = hashlib.sha256()
+    for path in paths:
+        h.update(f"{path}\0{local_stat(path)}\n".encode())
+    return h.hexdigest()
+
+
+def describe(source: str, known: dict | None = None) -> dict:
+    """Identity of a source for keying outputs: sha256 for local files, size + etag/mtime for remote ones.
+    known: {source: {"stat": local_stat, "sha256": ...}} from an earlier run; a local file whose stat is
+    unchanged keeps its sha256 without being read again."""
     if source.startswith(HF_PREFIX):
         return {"source": source}
     fs, path = fsspec.core.url_to_fs(source)
@@ -91,6 +108,10 @@ def describe(source: str) -> dict:
     entry = {"source": source, "size": info.get("size")}
     protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
     if protocol in ("file", "local"):
+        seen = (known or {}).get(source)
+        if seen and seen["stat"] == local_stat(path):
+            entry["sha256"] = seen["sha256"]
+            return entry
         h = hashlib.sha256()
         with open(path, "rb") as fh:
             for block in iter(lambda: fh.read(1 << 22), b""):

@@ -63,6 +63,20 @@ def tokenizer_sha256(path: str | Path) -> str:
     return sha256_file(file)
 
 
+class TokenizerMismatch(ValueError):
+    """A tokenizer folder is not the one the data (and so the model) was made with."""
+
+
+def check_same_tokenizer(folder: str | Path, expected_sha256: str, made: str) -> None:
+    """Refuse `folder` unless its tokenizer.json has the sha256 recorded when `made` was made."""
+    got = tokenizer_sha256(folder)
+    if got != expected_sha256:
+        raise TokenizerMismatch(
+            f"{folder}/tokenizer.json has sha256 {got}, but {made} was made with a tokenizer of sha256 "
+            f"{expected_sha256}: the tokenizer changed after tokenizing. Restore the run's tokenizer, or rerun from "
+            "it so data, model and export agree (snakemake --forcerun tokenizer)")
+
+
 def tokenizer_info(path: str | Path, tok=None) -> TokenizerInfo:
     """`tok`: the tokenizers.Tokenizer of `path`, if already loaded."""
     path = Path(path)

@@ -16,6 +16,13 @@ def parallel_defaults(cfg: dict) -> dict:
     return {"nproc_per_node": 1, "zero": PLUGIN_ZERO.get(cfg["colossal"]["plugin"], 0), "activation_checkpointing": False}
 
 
+def layout_of(cfg: dict) -> dict:
+    """The colossal section with the parallel layout in the plugin's terms (what the trainer builds)."""
+    p, plugin = cfg["parallel"], cfg["colossal"]["plugin"]
+    return {**cfg["colossal"], "tp": p["tp"], "pp": p["pp"], "zero_stage": p["zero"] if plugin == "3d" else 0,
+            "gradient_checkpointing": bool(p["activation_checkpointing"])}
+
+
 def problems(cfg: dict) -> list[str]:
     return layout_problems(cfg) + launcher_problems(cfg)
 

@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from llmpipe import config as cfgmod
+from llmpipe.backends.colossal.checks import layout_of
 from llmpipe.backends.colossal.collate import collate
 from llmpipe.io import write_json
 from llmpipe.train.batching import Sampler, grad_accum_steps
@@ -85,15 +86,15 @@ def precision_of(t: dict, plugin: str, on_gpu: bool) -> str:
 def check_layout(c: dict, world: int, on_gpu: bool) -> None:
     """Refuse what cannot run, naming the key, before any model is built."""
     if c["plugin"] != "3d" and (c["tp"] > 1 or c["pp"] > 1 or c["zero_stage"]):
-        raise ValueError(f"colossal.tp / pp / zero_stage apply to plugin 3d only (plugin is {c['plugin']})")
+        raise ValueError(f"parallel.tp / pp / zero apply to colossal.plugin 3d only (plugin is {c['plugin']})")
     if world % (c["tp"] * c["pp"]):
-        raise ValueError(f"world size {world} is not a multiple of colossal.tp x colossal.pp = {c['tp'] * c['pp']}")
+        raise ValueError(f"world size {world} is not a multiple of parallel.tp x parallel.pp = {c['tp'] * c['pp']}")
     if not on_gpu:
         if c["plugin"] in GPU_ONLY:
             raise ValueError(f"colossal.plugin {c['plugin']} needs CUDA GPUs (ColossalAI's chunk and ZeRO code asks "
-                             "for a CUDA device); on CPU use ddp or 3d with tp=pp=1, zero_stage 0")
+                             "for a CUDA device); on CPU use ddp or 3d with parallel tp=pp=1, zero 0")
         if c["plugin"] == "3d" and (c["tp"] > 1 or c["zero_stage"]):
-            raise ValueError("colossal.tp > 1 and zero_stage > 0 need CUDA GPUs; on CPU use tp=1, zero_stage 0")
+            raise ValueError("parallel.tp > 1 and parallel.zero > 0 need CUDA GPUs; on CPU use tp=1, zero 0")
         if c["pp"] > 1:  # without NCCL its p2p code calls torch.distributed.is_hccl_available (NPU builds only)
             raise ValueError("colossal.pp > 1 needs CUDA GPUs (ColossalAI 0.5.0's pipeline p2p fails on CPU torch builds)")
 
@@ -281,7 +282,7 @@ class Trainer:
     """One ColossalAI training run: setup here, steps driven by llmpipe.train.loop.StepLoop."""
 
     def __init__(self, cfg: dict, init_dir: Path, data_dir: Path, ckpt_root: Path, tokenizer_dir: Path | None):
-        self.cfg, self.t, self.c = cfg, cfg["train"], cfg["colossal"]
+        self.cfg, self.t, self.c = cfg, cfg["train"], layout_of(cfg)
         self.ckpt_root, self.tokenizer_dir = ckpt_root, tokenizer_dir
         torch.set_num_threads(self.t["threads"])
         self.on_gpu = torch.cuda.is_available()
@@ -466,6 +467,6 @@ def main(argv: list[str] | None = None) -> None:
     except torch.cuda.OutOfMemoryError as exc:
         fix = ("set colossal.plugin: gemini_auto (Gemini placing chunks in CPU memory too; it resumes this run's "
                "checkpoints)" if cfg["colossal"]["plugin"] == "gemini" else
-               "turn on colossal.gradient_checkpointing, lower train.micro_batch_size, or use colossal.plugin gemini_auto")
+               "turn on parallel.activation_checkpointing, lower train.micro_batch_size, or use colossal.plugin gemini_auto")
         raise SystemExit(f"llmpipe colossal-train: out of GPU memory with colossal.plugin {cfg['colossal']['plugin']}: "
                          f"{fix}. ({str(exc).splitlines()[0]})") from None
