@@ -127,11 +127,13 @@ def base_model_files(wildcards):
 
 def launch_prefix(python="python"):
     """The training launch (llmpipe.launch): python, torchrun, or srun + torchrun per node, all
-    started with `python` (a backend environment's interpreter runs the launcher and what it starts)."""
+    started with `python` (a backend environment's interpreter runs the launcher and what it starts).
+    It holds the run's trainer lock (one trainer per checkpoint folder) and dies with snakemake."""
     t, p = config["train"], config["parallel"]
     resume = " --auto-resume" if t["slurm_auto_resume"] else ""  # HyperPod: srun --auto-resume=1
+    lock = shlex.quote(f"{RUN}/checkpoints/{BACKEND}")
     return (f"{shlex.quote(python)} -m llmpipe launch --nproc-per-node {p['nproc_per_node']} --nnodes {p['nnodes']}"
-            f" --launcher {t['launcher']}{resume}")
+            f" --launcher {t['launcher']}{resume} --lock {lock}")
 
 
 def colossal_launch():

@@ -62,13 +62,13 @@ def test_cpu_refuses_gpu_only_layouts_by_name():
     check_layout(base, 2, on_gpu=False)
     with pytest.raises(ValueError, match="colossal.plugin gemini needs CUDA"):
         check_layout({**base, "plugin": "gemini"}, 2, on_gpu=False)
-    with pytest.raises(ValueError, match="tp > 1 and zero_stage > 0 need CUDA"):
+    with pytest.raises(ValueError, match="parallel.tp > 1 and parallel.zero > 0 need CUDA"):
         check_layout({**base, "plugin": "3d", "tp": 2}, 2, on_gpu=False)
-    with pytest.raises(ValueError, match="colossal.pp > 1 needs CUDA"):
+    with pytest.raises(ValueError, match="parallel.pp > 1 needs CUDA"):
         check_layout({**base, "plugin": "3d", "pp": 2}, 2, on_gpu=False)
-    with pytest.raises(ValueError, match="apply to plugin 3d only"):
+    with pytest.raises(ValueError, match="apply to colossal.plugin 3d only"):
         check_layout({**base, "tp": 2}, 2, on_gpu=True)
-    with pytest.raises(ValueError, match="not a multiple of colossal.tp x colossal.pp = 4"):
+    with pytest.raises(ValueError, match="not a multiple of parallel.tp x parallel.pp = 4"):
         check_layout({**base, "plugin": "3d", "tp": 2, "pp": 2}, 6, on_gpu=True)
 
 
@@ -76,32 +76,35 @@ def test_resume_fingerprint_covers_the_parallel_layout(prepared):
     """A checkpoint resumes only under the same recipe and layout; gemini_auto (the OOM fallback)
     resumes gemini's checkpoints; launch-only keys do not matter."""
     from llmpipe import config as cfgmod
+    from llmpipe.backends.colossal.checks import layout_of
     from llmpipe.backends.colossal.train import resume_layout
     from llmpipe.train.resume import fingerprint
 
     def fingerprint_of(cfg):  # what the colossal trainer records and checks
-        return fingerprint(cfg, prepared["init"], prepared["view"], colossal=resume_layout(cfg["colossal"]))
+        return fingerprint(cfg, prepared["init"], prepared["view"], colossal=resume_layout(layout_of(cfg)))
 
-    def fp(**colossal):
-        return fingerprint_of(cfgmod.validate({**prepared["cfg"], "colossal": colossal}))
+    def fp(parallel=None, **colossal):
+        return fingerprint_of(cfgmod.validate({**prepared["cfg"], "train": {**prepared["cfg"]["train"], "backend": "colossal"},
+                                               "colossal": colossal, "parallel": parallel or {}}))
 
     base = fp(plugin="gemini")
     assert fp(plugin="gemini_auto") == base
     assert fp(plugin="gemini", launcher="colossalai", master_port=1234) == base
-    assert fp(plugin="3d") != base and fp(plugin="3d", tp=2) != fp(plugin="3d")
-    cfg = cfgmod.validate({**prepared["cfg"], "colossal": {"plugin": "gemini"}})
+    assert fp(plugin="3d") != base and fp({"tp": 2}, plugin="3d") != fp(plugin="3d")
+    cfg = cfgmod.validate({**prepared["cfg"], "train": {**prepared["cfg"]["train"], "backend": "colossal"},
+                           "colossal": {"plugin": "gemini"}, "parallel": {}})
     cfg["train"]["lr"] *= 2
     assert fingerprint_of(cfg) != base
 
 
 def test_colossalai_launcher_on_many_nodes_needs_a_hostfile(tmp_path):
     over = tmp_path / "o.yaml"
-    over.write_text(yaml.safe_dump({"train": {"backend": "colossal", "nnodes": 2}, "colossal": {"launcher": "colossalai"},
+    over.write_text(yaml.safe_dump({"train": {"backend": "colossal"}, "parallel": {"nnodes": 2}, "colossal": {"launcher": "colossalai"},
                                     "results_dir": str(tmp_path)}))
     proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--configfile", str(over)], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
-    assert "colossal.launcher colossalai on train.nnodes > 1 needs colossal.hostfile" in proc.stdout + proc.stderr
+    assert "'colossal.launcher' colossalai on 'parallel.nnodes' > 1 needs 'colossal.hostfile'" in proc.stdout + proc.stderr
 
 
 # ---------------------------------------------------------------- through the Snakemake rule
@@ -124,7 +127,7 @@ def work(tmp_path_factory):
     return work
 
 
-def run_config(work, colossal: dict, name: str = "t") -> tuple:
+def run_config(work, colossal: dict, name: str = "t", parallel: dict | None = None) -> tuple:
     """Both tests train run `name` (so the data stages run once): Snakemake reruns training when
     the colossal settings change; each test first removes the other's checkpoints."""
     cfg = {
@@ -133,10 +136,11 @@ def run_config(work, colossal: dict, name: str = "t") -> tuple:
         "tokenizer": {"source": "train", "vocab_size": 512},
         "model": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
                   "num_key_value_heads": 2},
-        "train": {"backend": "colossal", "nproc": 2, "seq_len": 64, "global_batch_size": 8, "micro_batch_size": 2,
+        "train": {"backend": "colossal", "seq_len": 64, "global_batch_size": 8, "micro_batch_size": 2,
                   "lr": 1e-2, "min_lr": 1e-3, "warmup_steps": 2, "max_steps": 10, "save_interval": 5,
                   "eval_interval": 5, "seed": 7, "threads": 1},
         "colossal": {"python": str(VENV_PY), **colossal},
+        "parallel": {"nproc_per_node": 2, **(parallel or {})},
     }
     path = work / f"{colossal['plugin']}.yaml"
     shutil.rmtree(work / "results" / name / "checkpoints" / "colossal", ignore_errors=True)
@@ -199,7 +203,7 @@ def write_hostfile(tmp_path):
 
 @pytest.mark.slow
 def test_hybrid_parallel_matches_torch_backend_and_resumes(work, tmp_path):
-    cfg, run = run_config(work, {"plugin": "3d", "tp": 1, "pp": 1})
+    cfg, run = run_config(work, {"plugin": "3d"}, parallel={"tp": 1, "pp": 1})
     final = run / "checkpoints" / "colossal" / "final"
     proc = snakemake(work, str(final), "--configfile", str(cfg))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -214,7 +218,7 @@ def test_hybrid_parallel_matches_torch_backend_and_resumes(work, tmp_path):
     from llmpipe.backends.torch.train import train
 
     tcfg = cfgmod.load(str(cfg))
-    tcfg["train"].update(backend="torch", nproc=1)
+    tcfg["train"]["backend"] = "torch"
     train(tcfg, run / "checkpoints" / "init", run / "data" / "views" / "hf", tmp_path / "ck", tmp_path / "m.jsonl",
           tmp_path / "out")
     ref = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]

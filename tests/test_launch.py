@@ -86,7 +86,8 @@ def test_auto_resume_from_the_config_reaches_the_launch_dry_run(tmp_path):
     dry = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-p", "--profile", "local", "--configfile", str(over),
                           "--config", f"results_dir={tmp_path}/r"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert dry.returncode == 0, dry.stderr[-2000:]
-    assert "llmpipe launch --nproc-per-node 1 --nnodes 1 --launcher auto --auto-resume -- -m llmpipe torch-train" in dry.stdout
+    assert (f"llmpipe launch --nproc-per-node 1 --nnodes 1 --launcher auto --auto-resume --lock {tmp_path}/r/default/"
+            "checkpoints/torch -- -m llmpipe torch-train") in dry.stdout
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "scontrol").write_text("#!/bin/sh\n[ \"$2\" = job ] && echo 'JobId=9 NodeList=n1 CPUs/Task=4' || echo n1\n")

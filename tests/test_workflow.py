@@ -94,7 +94,7 @@ def test_ddp_config_launches_torchrun_and_local_tokenizer_is_copied(workdir, tmp
     proc = snakemake(workdir, "-n", "-p", "--configfile", str(overlay), timeout=120)
     assert proc.returncode == 0, proc.stderr
     launch = "python -m llmpipe launch --nproc-per-node 2 --nnodes 1 --launcher auto"
-    assert f"{launch} -- -m llmpipe torch-train" in proc.stdout
+    assert f"{launch} --lock results/ddp/checkpoints/torch -- -m llmpipe torch-train" in proc.stdout
     # ... which runs torchrun --standalone outside Slurm
     cmd = subprocess.run([sys.executable, *launch.split()[1:], "--dry-run", "--", "-m", "llmpipe", "torch-train"],
                          cwd=workdir, capture_output=True, text=True, timeout=60,

@@ -13,6 +13,9 @@ node of a Slurm job, and exec it (the log shows the command).
   auto                   srun when --nnodes > 1 or the Slurm job has more than one node, else local.
   --auto-resume          SageMaker HyperPod: srun --auto-resume=1 (a faulty node is replaced and the step
                          restarted, resuming from the newest checkpoint); implies srun.
+  --lock DIR             one trainer per run: hold the lease on checkpoint folder DIR (llmpipe.train.lock)
+                         while the command runs, as a child, which is stopped when the snakemake that
+                         started this launch dies (a dropped SSH session, kill -9 of the driver).
 
 HEAD is the first host of the job's node list (`scontrol show hostnames`), PORT 29500 + job id % 1000
 unless --port. The job is read with `scontrol show job`, since Snakemake's job step drops most
@@ -24,8 +27,10 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
@@ -127,6 +132,49 @@ def plan(args: list[str], nproc: int, nnodes: int, launcher: str, alloc: Allocat
     return srun_command(args, alloc, nproc, port, python, auto_resume)
 
 
+def run_locked(cmd: list[str], env: dict, folder: str) -> int:
+    """Run `cmd` holding the run's trainer lease; stop it (its whole process group) when the snakemake
+    that started us dies or the lease is lost; the exit code is the command's."""
+    from llmpipe.train.lock import LockHeld, TrainerLock, alive, snakemake_ancestor
+
+    lock = TrainerLock(folder, what=f"training ({shlex.join(cmd[-6:])})")
+    try:
+        lock.acquire()
+    except LockHeld as exc:
+        raise SystemExit(f"llmpipe launch: {exc}") from None
+    driver = snakemake_ancestor()
+    child = subprocess.Popen(cmd, env=env, start_new_session=True)
+    stop = lambda signum, frame: os.killpg(child.pid, signum)
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        while child.poll() is None:
+            if driver is not None and not alive(driver):
+                print(f"llmpipe launch: snakemake (pid {driver[0]}) is gone: stopping the training", file=sys.stderr, flush=True)
+                stop_group(child)
+            elif lock.lost.is_set():
+                print(f"llmpipe launch: lost the trainer lock {lock.path}: stopping", file=sys.stderr, flush=True)
+                stop_group(child)
+            time.sleep(1.0)
+    finally:
+        if child.poll() is None:
+            stop_group(child)
+        lock.release()
+    return child.returncode
+
+
+def stop_group(child: subprocess.Popen, grace: float = 20.0) -> None:
+    """SIGTERM the child's process group, SIGKILL what is left after `grace` seconds."""
+    try:
+        os.killpg(child.pid, signal.SIGTERM)
+        child.wait(grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+    except ProcessLookupError:
+        pass
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     split = argv.index("--") if "--" in argv else len(argv)
@@ -137,6 +185,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--launcher", default="auto", choices=["auto", "local", "srun"])
     p.add_argument("--port", type=int, default=None, help="rendezvous port (default 29500 + job id %% 1000)")
     p.add_argument("--auto-resume", action="store_true", help="HyperPod: srun --auto-resume=1 (train.slurm_auto_resume)")
+    p.add_argument("--lock", help="checkpoint folder: hold its trainer lease while the command runs (one trainer per run)")
     p.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
     p.add_argument("--node-task", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--master", help=argparse.SUPPRESS)
@@ -163,4 +212,6 @@ def main(argv: list[str] | None = None) -> None:
         print(shlex.join(cmd))
         return
     print(f"llmpipe launch: {shlex.join(cmd)}", file=sys.stderr, flush=True)
+    if opts.lock and not opts.node_task:
+        sys.exit(run_locked(cmd, env, opts.lock))
     os.execvpe(cmd[0], cmd, env)

@@ -96,7 +96,7 @@ def check_layout(c: dict, world: int, on_gpu: bool) -> None:
         if c["plugin"] == "3d" and (c["tp"] > 1 or c["zero_stage"]):
             raise ValueError("parallel.tp > 1 and parallel.zero > 0 need CUDA GPUs; on CPU use tp=1, zero 0")
         if c["pp"] > 1:  # without NCCL its p2p code calls torch.distributed.is_hccl_available (NPU builds only)
-            raise ValueError("colossal.pp > 1 needs CUDA GPUs (ColossalAI 0.5.0's pipeline p2p fails on CPU torch builds)")
+            raise ValueError("parallel.pp > 1 needs CUDA GPUs (ColossalAI 0.5.0's pipeline p2p fails on CPU torch builds)")
 
 
 def make_plugin(c: dict, t: dict, precision: str, flash: bool, world: int):

@@ -1,0 +1,146 @@
+"""One trainer per run: a lease on the run's checkpoint folder, and a trainer that dies with its snakemake.
+
+The lease is a JSON file (host, pid, start time, heartbeat) in the checkpoint folder, created with
+O_EXCL and refreshed every HEARTBEAT seconds by atomic rename, so it works on a shared file system
+(NFS, FSx, EFS) across nodes. A second trainer refuses at once, naming the holder. A lease is taken
+over when its holder is gone: on the same host when its pid no longer runs, from anywhere when its
+heartbeat is older than LEASE seconds (a dead node; clocks are assumed within seconds, as NTP keeps
+them). A lease that is not ours any more stops the training.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+LOCK_NAME = ".trainer.lock"
+HEARTBEAT = 10.0
+LEASE = 60.0
+
+
+class LockHeld(RuntimeError):
+    """Another trainer holds the run's checkpoint folder."""
+
+
+def _read(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def holder_gone(holder: dict, now: float, host: str) -> bool:
+    if holder.get("host") == host and not _pid_alive(int(holder.get("pid", 0))):
+        return True
+    return now - float(holder.get("heartbeat", 0)) > LEASE
+
+
+class TrainerLock:
+    def __init__(self, folder: str | Path, what: str = "trainer"):
+        self.path = Path(folder) / LOCK_NAME
+        self.host, self.pid, self.what = socket.gethostname(), os.getpid(), what
+        self.started = time.time()
+        self._stop = threading.Event()
+        self.lost = threading.Event()
+
+    def _record(self) -> dict:
+        return {"host": self.host, "pid": self.pid, "what": self.what, "started": self.started, "heartbeat": time.time()}
+
+    def _write(self) -> None:
+        tmp = self.path.with_name(f"{LOCK_NAME}.{self.host}.{self.pid}.tmp")
+        tmp.write_text(json.dumps(self._record()))
+        os.replace(tmp, self.path)
+
+    def _ours(self) -> bool:
+        held = _read(self.path)
+        return held is not None and (held.get("host"), held.get("pid")) == (self.host, self.pid)
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        for _ in range(3):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                held = _read(self.path)
+                if held is None:  # being written this instant
+                    time.sleep(0.2)
+                    continue
+                if not holder_gone(held, time.time(), self.host):
+                    age = time.time() - float(held.get("heartbeat", 0))
+                    raise LockHeld(
+                        f"{self.path.parent} is held by another {held.get('what', 'trainer')}: pid {held.get('pid')} on "
+                        f"host {held.get('host')} (heartbeat {age:.0f} s ago): two trainers would write the same "
+                        f"checkpoints. Stop that one, or wait for it; its lock ({self.path}) is released when it exits, "
+                        f"or taken over {LEASE:.0f} s after its last heartbeat")
+                self._write()  # take over a dead holder's lease, then make sure no one else did too
+                time.sleep(0.2)
+                if self._ours():
+                    return self._start_heartbeat()
+                continue
+            with os.fdopen(fd, "w") as fh:
+                fh.write(json.dumps(self._record()))
+            return self._start_heartbeat()
+        raise LockHeld(f"could not take {self.path}: other trainers keep taking it")
+
+    def _start_heartbeat(self) -> None:
+        threading.Thread(target=self._beat, name="trainer-lock-heartbeat", daemon=True).start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(HEARTBEAT):
+            if not self._ours():
+                self.lost.set()
+                return
+            self._write()
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._ours():
+            self.path.unlink(missing_ok=True)
+
+
+def snakemake_ancestor(pid: int | None = None) -> tuple[int, str] | None:
+    """(pid, start time) of the nearest ancestor process running snakemake (Linux /proc), or None."""
+    pid = os.getppid() if pid is None else pid
+    while pid > 1:
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return None
+        fields = stat[stat.rindex(")") + 2:].split()
+        if is_snakemake(argv):
+            return pid, fields[19]  # field 22: start time, which a reused pid does not share
+        pid = int(fields[1])  # field 4: ppid
+    return None
+
+
+def is_snakemake(argv: list[str]) -> bool:
+    """`snakemake ...` or `python -m snakemake ...` / `python .../bin/snakemake ...` (not a shell whose
+    command merely mentions a path with snakemake in it)."""
+    names = [os.path.basename(a) for a in argv[:3]]
+    if names and names[0] == "snakemake":
+        return True
+    return len(names) > 1 and names[0].startswith("python") and (
+        names[1] == "snakemake" or (names[1] == "-m" and len(names) > 2 and argv[2] == "snakemake"))
+
+
+def alive(proc: tuple[int, str]) -> bool:
+    try:
+        stat = Path(f"/proc/{proc[0]}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2:].split()[19] == proc[1] and stat[stat.rindex(")") + 2:].split()[0] != "Z"

@@ -1,0 +1,117 @@
+"""One trainer per run: the lease on the checkpoint folder (llmpipe.train.lock), a second trainer refused
+at once naming the holder, and a trainer that dies with the snakemake that started it, so a restarted
+run never has two trainers and resumes to the same weights as an unkilled one."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+import yaml
+
+from llmpipe.train import lock as lockmod
+from tests.conftest import REPO, REPO_IGNORE, corpus_docs, write_jsonl
+
+
+def test_a_second_lock_is_refused_naming_the_holder(tmp_path):
+    first = lockmod.TrainerLock(tmp_path)
+    first.acquire()
+    held = json.loads((tmp_path / lockmod.LOCK_NAME).read_text())
+    assert (held["host"], held["pid"]) == (socket.gethostname(), os.getpid())
+    other = subprocess.run([sys.executable, "-c", f"from llmpipe.train.lock import TrainerLock; TrainerLock({str(tmp_path)!r}).acquire()"],
+                           capture_output=True, text=True)
+    assert other.returncode != 0 and f"pid {os.getpid()} on host {socket.gethostname()}" in other.stderr
+    first.release()
+    assert not (tmp_path / lockmod.LOCK_NAME).exists()
+
+
+def test_a_dead_holder_is_taken_over(tmp_path):
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    now = time.time()
+    path = tmp_path / lockmod.LOCK_NAME
+    path.write_text(json.dumps({"host": socket.gethostname(), "pid": int(gone.stdout), "heartbeat": now}))
+    lockmod.TrainerLock(tmp_path).acquire()  # same host, pid no longer runs: at once
+    assert json.loads(path.read_text())["pid"] == os.getpid()
+    path.write_text(json.dumps({"host": "another-node", "pid": 1, "heartbeat": now - lockmod.LEASE - 1}))
+    lockmod.TrainerLock(tmp_path).acquire()  # another node, heartbeat older than the lease
+    path.write_text(json.dumps({"host": "another-node", "pid": 1, "heartbeat": now}))
+    with pytest.raises(lockmod.LockHeld, match="pid 1 on host another-node"):
+        lockmod.TrainerLock(tmp_path).acquire()
+
+
+def test_second_launch_on_the_same_checkpoints_refuses_at_once(tmp_path):
+    launch = [sys.executable, "-m", "llmpipe", "launch", "--launcher", "local", "--lock", str(tmp_path), "--"]
+    first = subprocess.Popen([*launch, "-c", "import time; time.sleep(60)"], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 30
+        while not (tmp_path / lockmod.LOCK_NAME).exists() and time.time() < deadline:
+            time.sleep(0.1)
+        second = subprocess.run([*launch, "-c", "print('trained')"], capture_output=True, text=True, timeout=60)
+        assert second.returncode != 0 and "trained" not in second.stdout
+        assert f"pid {first.pid} on host {socket.gethostname()}" in second.stderr
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.wait(30)
+    assert not (tmp_path / lockmod.LOCK_NAME).exists()  # released on the way out
+
+
+def trainers(root) -> list[psutil.Process]:
+    """The torch-train processes running in `root` (the launcher itself left out)."""
+    out = []
+    for p in psutil.process_iter(["cmdline", "cwd"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if "torch-train" in cmd and "llmpipe launch" not in cmd and p.info["cwd"] == str(root):
+            out.append(p)
+    return out
+
+
+@pytest.mark.slow
+def test_kill_9_of_snakemake_stops_its_trainer_and_the_rerun_resumes_exactly(tmp_path):
+    work = tmp_path / "repo"
+    shutil.copytree(REPO, work, ignore=REPO_IGNORE, symlinks=True)
+    write_jsonl(work / "corpus.jsonl", corpus_docs(80))
+    cfg = {"data": {"sources": ["corpus.jsonl"], "num_shards": 1, "val_fraction": 0.1},
+           "tokenizer": {"vocab_size": 400}, "model": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2},
+           "train": {"seq_len": 64, "global_batch_size": 8, "micro_batch_size": 4, "max_steps": 800, "warmup_steps": 5,
+                     "save_interval": 20, "eval_interval": 800, "log_interval": 1, "threads": 1}}
+    (work / "c.yaml").write_text(yaml.safe_dump(cfg))
+
+    def snakemake(run, *extra, **kw):
+        cmd = [sys.executable, "-m", "snakemake", f"results/{run}/checkpoints/torch/final", "--cores", "2",
+               "--configfile", "c.yaml", "--config", f"run={run}", *extra]
+        return subprocess.Popen(cmd, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+
+    whole = snakemake("whole")
+    assert whole.wait(600) == 0, whole.stdout.read()[-3000:]
+    metrics = work / "results/killed/train/metrics.jsonl"
+    driver = snakemake("killed")
+    deadline = time.time() + 300
+    while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 40):
+        time.sleep(0.5)
+    assert trainers(work), "training did not start"
+    driver.send_signal(signal.SIGKILL)  # only snakemake: its shell, launcher and trainer are left behind
+    driver.wait()
+    deadline = time.time() + 60
+    while trainers(work) and time.time() < deadline:
+        time.sleep(0.5)
+    assert not trainers(work), "the trainer outlived its snakemake"
+    steps_before = [json.loads(line)["step"] for line in metrics.read_text().splitlines() if '"loss"' in line]
+    assert steps_before and max(steps_before) < 800
+
+    assert subprocess.run([sys.executable, "-m", "snakemake", "--unlock", "--cores", "1", "--configfile", "c.yaml"],
+                          cwd=work, capture_output=True).returncode == 0
+    again = snakemake("killed", "--rerun-incomplete")
+    out, _ = again.communicate(timeout=600)
+    assert again.returncode == 0, out[-3000:]
+    steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines() if '"loss"' in line]
+    assert steps == sorted(set(steps)) and steps[-1] == 800, "a step logged twice or missing"
+    final = {run: (work / f"results/{run}/checkpoints/torch/final/model.safetensors").read_bytes() for run in ("whole", "killed")}
+    assert final["whole"] == final["killed"]
