@@ -36,11 +36,12 @@ def _remove_stale(target: Path) -> None:
     """Temporary siblings of `target` left by killed writers (`.name.tmp-PID*`, PID not running here)."""
     for stale in target.parent.glob(f".{glob.escape(target.name)}.tmp-*"):
         m = re.match(r"\d+", stale.name[len(target.name) + 6:])
-        if m and int(m.group()) != os.getpid() and not _running(int(m.group())):
+        if m and int(m.group()) != os.getpid() and not pid_running(int(m.group())):
             _remove(stale)
 
 
-def _running(pid: int) -> bool:
+def pid_running(pid: int) -> bool:
+    """Whether a process of this pid runs on this host."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -17,6 +17,8 @@ import threading
 import time
 from pathlib import Path
 
+from llmpipe.io import pid_running
+
 LOCK_NAME = ".trainer.lock"
 HEARTBEAT = 10.0
 LEASE = 60.0
@@ -33,18 +35,8 @@ def _read(path: Path) -> dict | None:
         return None
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def holder_gone(holder: dict, now: float, host: str) -> bool:
-    if holder.get("host") == host and not _pid_alive(int(holder.get("pid", 0))):
+    if holder.get("host") == host and not pid_running(int(holder.get("pid", 0))):
         return True
     return now - float(holder.get("heartbeat", 0)) > LEASE
 
