@@ -16,6 +16,7 @@ report: "report/workflow.rst"
 include: "rules/common.smk"
 include: "rules/data.smk"
 include: "rules/model.smk"
+include: "rules/resume.smk"
 include: BACKEND_RULES
 include: "rules/export.smk"
 include: "rules/plan.smk"

@@ -56,6 +56,8 @@ def run_case(case: dict) -> dict:
     from llmpipe import config as cfgmod
     from llmpipe.backends.colossal import train as ct
     from llmpipe.plan import Shape, flops_per_token, matmul_parameters, parameters
+    from llmpipe.train.loss import lm_loss_sum
+    from llmpipe.train.optim import build_optimizer
 
     on_gpu = torch.cuda.is_available()
     seq, micro, plugin_name = case["seq"], case["micro"], case["plugin"]
@@ -70,8 +72,7 @@ def run_case(case: dict) -> dict:
     torch.manual_seed(0)
 
     if plugin_name == "torch":  # llmpipe.backends.torch.train's step
-        from llmpipe.backends.torch.train import autocast_dtype, build_optimizer
-        from llmpipe.train.loss import lm_loss_sum
+        from llmpipe.backends.torch.train import autocast_dtype
 
         model = LlamaForCausalLM._from_config(hf, attn_implementation=attn, torch_dtype=torch.float32).to(device)
         opt, sched = build_optimizer(model, t)
@@ -99,12 +100,13 @@ def run_case(case: dict) -> dict:
         if case["gc"]:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.train()
-        opt, sched = ct.build_optimizer(model, t, on_gpu)
+        cls, kw = ct.optimizer_kind(on_gpu)
+        opt, sched = build_optimizer(model, t, cls, **kw)
         booster = Booster(plugin=plugin)
         model, opt, _, _, sched = booster.boost(model, opt, lr_scheduler=sched)
 
         def step(ids):
-            loss, n = ct.loss_sum(model, {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids})
+            loss, n = lm_loss_sum(model, ids, ids, torch.ones_like(ids))
             booster.backward(loss / n, opt)
             opt.step()
             sched.step()

@@ -10,6 +10,7 @@ rule train_colossal:
         init=f"{RUN}/checkpoints/init",
         data=f"{RUN}/data/views/hf",
         tokenizer=f"{RUN}/tokenizer",
+        resume=rules.resume_check.output,
         hostfile=[config["colossal"]["hostfile"]] if config["colossal"]["launcher"] == "colossalai" and config["colossal"]["hostfile"] else [],
     output:
         directory(f"{RUN}/checkpoints/colossal/final"),

@@ -7,6 +7,7 @@ rule train_torch:
     input:
         init=f"{RUN}/checkpoints/init",
         data=f"{RUN}/data/views/hf",
+        resume=rules.resume_check.output,
     output:
         directory(f"{RUN}/checkpoints/torch/final"),
     params:

@@ -31,7 +31,7 @@ def test_batched_rows_equal_row_by_row(remainder):
         if layout.rows == 0:
             continue
         idx = rng.permutation(layout.rows)
-        read = lambda a, b: stream[a:b]  # noqa: E731
+        read = lambda a, b, stream=stream: stream[a:b]
         for doc_starts in (starts, None):
             ids, mask, segs = rows(read, layout, idx, 7, doc_starts, np.int32)
             assert ids.dtype == np.int32 and mask.dtype == np.int8 and ids.shape == (idx.size, seq_len)

@@ -131,7 +131,7 @@ def test_skipped_records_are_counted_through_the_store(tmp_path):
 
 def test_view_refuses_store_of_another_tokenizer(tmp_path, prepared):
     copy_tokenizer(GPT2, tmp_path / "gpt2")
-    with pytest.raises(ValueError, match="another tokenizer"):
+    with pytest.raises(ValueError, match="was made with a tokenizer of sha256"):
         build_view(prepared["manifest"], "hf", tmp_path / "v", prepared["cfg"], tmp_path / "gpt2")
 
 

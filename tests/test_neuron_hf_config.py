@@ -21,14 +21,14 @@ NXD_PY = REPO / ".venvs" / "nxd-hf" / "bin" / "python"
 FIXTURES = REPO / "tests" / "fixtures" / "nxd_configs"
 MEANT = ("rope_theta", "rope_scaling", "tie_word_embeddings", "vocab_size", "num_attention_heads",
          "num_key_value_heads", "hidden_size", "num_hidden_layers", "max_position_embeddings")
-READ = """
+READ = f"""
 import json, sys
 from transformers import LlamaConfig, __version__
 c = LlamaConfig.from_pretrained(sys.argv[1])
-out = {k: getattr(c, k) for k in %r}
+out = {{k: getattr(c, k) for k in {MEANT!r}}}
 out["version"] = __version__
 print(json.dumps(out))
-""" % (MEANT,)
+"""
 
 
 def read_as_nxd(folder: Path) -> dict:

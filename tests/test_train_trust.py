@@ -132,6 +132,22 @@ def test_changed_hyperparameter_stops_before_any_job_and_deletes_nothing(tmp_pat
     dry = snakemake("-n")
     assert dry.returncode == 0 and "rule train_torch:" in dry.stdout
 
+    # Changed data (another corpus): the data stages rerun, then a job of its own stops before training, so
+    # Snakemake never deletes the old model; the same one line and ways out, no traceback.
+    cfg["train"].update(lr=3.0e-3, resume=True)
+    (work / "c.yaml").write_text(yaml.safe_dump(cfg))
+    write_jsonl(work / "corpus.jsonl", corpus_docs(50)[10:])
+    proc = snakemake()
+    text = proc.stdout + proc.stderr + (work / "results/default/logs/resume_check.log").read_text()
+    assert proc.returncode != 0 and "Traceback" not in text
+    assert "run 'default' has checkpoints (step_00000002) trained on another data view than this run now has" in text
+    assert "--config run=NEW" in text and "train: {resume: false} in your --configfile" in text
+    assert sorted(p.name for p in (work / final).iterdir()) == before  # the old model is still there
+    cfg["train"]["resume"] = False
+    (work / "c.yaml").write_text(yaml.safe_dump(cfg))
+    proc = snakemake()
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
 
 # ---------------------------------------------------------------- one training core (llmpipe.train)
 

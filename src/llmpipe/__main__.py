@@ -17,6 +17,7 @@ CORE_COMMANDS = {
     "pack": "llmpipe.data.pack_views",
     "verify": "llmpipe.data.verify",
     "init-model": "llmpipe.model.init",
+    "resume-check": "llmpipe.train.resume_check",
     "launch": "llmpipe.launch",
     "export": "llmpipe.export",
     "evaluate": "llmpipe.evaluate",

@@ -114,7 +114,7 @@ def check_tokenization(store: TokenStore, tokenizer_dir: Path, data_cfg: dict, s
                     break
             if len(texts) >= sample:
                 break
-        for (did, text), ids in zip(texts, hf.encode_batch([t for _, t in texts])):
+        for (did, _), ids in zip(texts, hf.encode_batch([t for _, t in texts])):
             toks, a, b = index[did]
             want = ([bos] if bos >= 0 else []) + ids + [store.eos_id]
             if toks[a:b].tolist() != want:

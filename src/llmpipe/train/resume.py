@@ -19,7 +19,7 @@ from llmpipe.train.checkpoint import CheckpointError, complete_steps, newest_int
 log = logging.getLogger(__name__)
 
 # train.* keys that may change between a checkpoint and its resume without changing the result.
-RESUME_NEUTRAL = {"nproc", "nnodes", "launcher", "threads", "log_interval", "save_interval", "eval_interval",
+RESUME_NEUTRAL = {"launcher", "threads", "log_interval", "save_interval", "eval_interval",
                   "keep_checkpoints", "resume", "skip_nonfinite_steps", "slurm_auto_resume"}
 IDENTITY = ("init_sha256", "view")  # fingerprint entries that are not settings
 
@@ -63,7 +63,9 @@ def check_fingerprint(old: dict, new: dict, path: Path, root: Path) -> None:
     raise CheckpointError(
         f"checkpoint {path} belongs to a different training setup (changed keys: {changed_keys(old, new) or 'none'}; "
         f"init model same: {old.get('init_sha256') == new['init_sha256']}; data view same: "
-        f"{old.get('view') == new['view']}). Delete {root} to start over, or set train.resume: false.")
+        f"{old.get('view') == new['view']}). Its weights stay in {root} (nothing was deleted): train anew under "
+        "another name (--config run=NEW), or restart this run from the initial model (train: {resume: false}; it "
+        "replaces these checkpoints)")
 
 
 def resume_state(root: Path, t: dict, fp: dict, main: bool = True) -> tuple[Path, dict] | None:
@@ -90,6 +92,27 @@ def newest_state(root: Path) -> tuple[Path, dict] | None:
     return None
 
 
+WAYS_OUT = ("Keep them and train anew under another name (--config run=NEW), or restart this run from the initial "
+            "model (train: {resume: false} in your --configfile; it replaces its checkpoints)")
+
+
+def changed_inputs(root: Path, init_dir: Path, view_dir: Path, run: str) -> str | None:
+    """One line when the run's newest checkpoint was trained from another initial model or data view than
+    these (rule resume_check, a job of its own before training, so the old model is not deleted first)."""
+    found = newest_state(root)
+    if found is None or "fingerprint" not in found[1]:
+        return None
+    path, old = found[0], found[1]["fingerprint"]
+    view = json.loads((Path(view_dir) / "view.json").read_text())["fingerprint"]
+    changed = [what for what, same in (("data view", old.get("view") == view),
+                                       ("initial model", old.get("init_sha256") == init_sha256(Path(init_dir))))
+               if not same]
+    if not changed:
+        return None
+    return (f"run {run!r} has checkpoints ({path.name}) trained on another {' and another '.join(changed)} than this "
+            f"run now has; nothing was deleted (the trained model is in {path.parent}). {WAYS_OUT}")
+
+
 def changed_settings(cfg: dict, root: Path, run: str) -> str | None:
     """One line naming the train.* keys that differ from the run's newest checkpoint, with the two ways
     out; None when they agree, there is none, or train.resume is false."""
@@ -102,5 +125,4 @@ def changed_settings(cfg: dict, root: Path, run: str) -> str | None:
     if not diff:
         return None
     return (f"run {run!r} has checkpoints trained with other settings ({path.name}: train.{'; train.'.join(diff)}); "
-            f"nothing was deleted. Keep them and train anew under another name (--config run=NEW), or restart this "
-            "run from the initial model (train: {resume: false} in your --configfile; it replaces its checkpoints)")
+            f"nothing was deleted. {WAYS_OUT}")

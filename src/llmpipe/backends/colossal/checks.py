@@ -28,7 +28,7 @@ def problems(cfg: dict) -> list[str]:
 
 
 def layout_problems(cfg: dict) -> list[str]:
-    plugin, p = cfg["colossal"]["plugin"], cfg["parallel"]
+    plugin = cfg["colossal"]["plugin"]
     if plugin == "3d":
         return refuse(cfg, "colossal (plugin 3d)", {"zero": [0, 1, 2], "activation_checkpointing": [True, False]})
     out = refuse(cfg, f"colossal (plugin {plugin})", {"tp": [1], "pp": [1], "zero": [PLUGIN_ZERO[plugin]],

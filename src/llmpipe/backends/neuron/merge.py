@@ -101,7 +101,7 @@ class Shards:
                 if found is None:
                     raise FileNotFoundError(f"NxD rank file missing: {folder} has none of {', '.join(rank_candidates(t, p))}")
                 self.files[(t, p)] = RankFile(found)
-        for (t, p), f in self.files.items():
+        for (_, p), f in self.files.items():
             want, have = expected_names(p, layout, d), {k for k in f.keys() if not any(s in k for s in IGNORED)}
             if want != have:
                 raise ValueError(f"{f.path} does not match layout {layout.attention} (tp {layout.tp}, pp {layout.pp}): "
