@@ -174,14 +174,7 @@ def check_profile_resources():
 def apply_config_resources():
     """Config `resources:` on top of every rule's resources, the profile's set-resources included
     (a profile's set-resources would otherwise beat anything a rule declares). Call after all rules."""
-    res = config["resources"]
-    names = {r.name for r in workflow.rules}
-    unknown = sorted(set(res) - names - {"default", "train"})
-    if unknown:
-        raise WorkflowError(
-            f"invalid llmpipe config: unknown rule(s) under 'resources': {', '.join(unknown)}; "
-            f"use default, train or one of: {', '.join(sorted(names))}"
-        )
+    res = config["resources"]  # rule names checked by llmpipe.config.validate
     for r in workflow.rules:
         values = {**res.get("default", {}), **res.get(r.name, {})}
         if r.name == f"train_{BACKEND}":

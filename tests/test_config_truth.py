@@ -35,6 +35,7 @@ BAD = [
     ({"colossal": {"zero_stage": 1}}, "'colossal.zero_stage' is now 'parallel.zero'"),
     ({"train": {"global_batch_size": 12, "micro_batch_size": 8}}, "'train.global_batch_size' (12) is not a multiple"),
     ({"train": {"lr": 1e-4, "min_lr": 1e-3}}, "'train.min_lr' (0.001) exceeds 'train.lr' (0.0001)"),
+    ({"resources": {"tokenise": {"mem_mb": 1000}}}, "unknown rule(s) under 'resources': tokenise; use default, train"),
 ]
 GOOD = [
     {},

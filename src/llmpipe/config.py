@@ -141,7 +141,7 @@ def validate(config: dict | None, whole: bool = True) -> dict:
         lines = "\n".join(f"  - {_describe(e, schema)}" for e in errors)
         raise ConfigError(f"invalid llmpipe config:\n{lines}")
     parallelism.resolve(config)
-    problems = _cross_checks(config) + _hub_checks(config)
+    problems = _cross_checks(config) + _hub_checks(config) + _resource_checks(config)
     if whole and not problems:  # a backend's checks may assume the shared keys are consistent
         problems = backend_checks(config)
     if problems:
@@ -176,6 +176,17 @@ def _cross_checks(config: dict) -> list[str]:
     if model["init_from"] is None and config["tokenizer"]["source"] == "base":
         out.append("'tokenizer.source' is 'base' (the base model's tokenizer) but 'model.init_from' is not set")
     return out
+
+
+def _resource_checks(config: dict) -> list[str]:
+    from llmpipe import backends
+
+    names = backends.workflow_rules()
+    unknown = sorted(set(config["resources"]) - names - {"default", "train"})
+    if unknown:
+        return [f"unknown rule(s) under 'resources': {', '.join(unknown)}; use default, train or one of: "
+                f"{', '.join(sorted(names))}"]
+    return []
 
 
 def _hub_checks(config: dict) -> list[str]:

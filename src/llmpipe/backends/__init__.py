@@ -76,6 +76,12 @@ def commands() -> dict[str, str]:
     return {cmd: module for b in all_backends() for cmd, module in b.commands.items()}
 
 
+def workflow_rules() -> set[str]:
+    """Every rule name of the workflow: the Snakefile, rules/*.smk and each backend's rules file."""
+    files = [REPO / "Snakefile", *sorted((REPO / "rules").glob("*.smk")), *(b.rules_file() for b in all_backends())]
+    return {name for f in dict.fromkeys(files) for name in re.findall(r"^(?:local)?rule (\w+):", f.read_text(), re.M)}
+
+
 def rules_by_backend() -> dict[str, list[str]]:
     """The rules each backend's rules file defines."""
     return {b.name: b.rule_names() for b in all_backends()}
