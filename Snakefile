@@ -30,6 +30,7 @@ write_dag_info()  # only for `llmpipe dag` (LLMPIPE_DAG_INFO)
 
 
 rule all:
+    default_target: True
     input:
         f"{RUN}/data/stats.json",
         f"{RUN}/hf",
@@ -37,4 +38,3 @@ rule all:
         f"{RUN}/plan.json",
         rules.report_items.output,
         [f"{RUN}/release.json"] if config["hub"]["release"]["enabled"] else [],
-    default_target: True

@@ -36,17 +36,31 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 SHAPES = {  # Llama shapes (HF config names); 1b: TinyLlama-1.1B's layout without GQA
-    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
-                 vocab_size=512),
-    "1b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
-               num_key_value_heads=32, vocab_size=32000),
-    "7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
-               num_key_value_heads=32, vocab_size=32000),
+    "tiny": dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, vocab_size=512
+    ),
+    "1b": dict(
+        hidden_size=2048,
+        intermediate_size=5632,
+        num_hidden_layers=22,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        vocab_size=32000,
+    ),
+    "7b": dict(
+        hidden_size=4096,
+        intermediate_size=11008,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        vocab_size=32000,
+    ),
 }
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
 
 
 # ---------------------------------------------------------------- one case (inside torchrun)
+
 
 def run_case(case: dict) -> dict:
     import torch
@@ -128,17 +142,24 @@ def run_case(case: dict) -> dict:
     shape = Shape.from_hf(hf.to_dict())
     n = parameters(shape)
     tok_s_gpu = case["steps"] * micro * seq / elapsed
-    out = {**case, "world": world, "parameters": n, "attention": attn, "step_s": elapsed / case["steps"],
-           "tokens_per_s_per_gpu": tok_s_gpu,
-           "model_tflops_per_gpu": tok_s_gpu * flops_per_token(shape, matmul_parameters(shape, n), seq) / 1e12,
-           "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if on_gpu else None,
-           "device": torch.cuda.get_device_name() if on_gpu else "cpu"}
+    out = {
+        **case,
+        "world": world,
+        "parameters": n,
+        "attention": attn,
+        "step_s": elapsed / case["steps"],
+        "tokens_per_s_per_gpu": tok_s_gpu,
+        "model_tflops_per_gpu": tok_s_gpu * flops_per_token(shape, matmul_parameters(shape, n), seq) / 1e12,
+        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if on_gpu else None,
+        "device": torch.cuda.get_device_name() if on_gpu else "cpu",
+    }
     dist.barrier()
     dist.destroy_process_group()
     return out
 
 
 # ---------------------------------------------------------------- driver
+
 
 def peak_for(device: str, given: float | None) -> float | None:
     if given:
@@ -181,12 +202,30 @@ def main() -> None:
     results = []
     for shape in args.shapes.split(","):
         for plugin in args.plugins.split(","):
-            case = {"shape": shape, "plugin": plugin, "seq": args.seq, "micro": args.micro, "steps": args.steps,
-                    "warmup": args.warmup, "gc": plugin != "torch" and not args.no_gc}
+            case = {
+                "shape": shape,
+                "plugin": plugin,
+                "seq": args.seq,
+                "micro": args.micro,
+                "steps": args.steps,
+                "warmup": args.warmup,
+                "gc": plugin != "torch" and not args.no_gc,
+            }
             with tempfile.TemporaryDirectory() as tmp:
                 res = Path(tmp) / "r.json"
-                cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(gpus),
-                       __file__, "--case", json.dumps(case), "--result", str(res)]
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "torch.distributed.run",
+                    "--standalone",
+                    "--nproc_per_node",
+                    str(gpus),
+                    __file__,
+                    "--case",
+                    json.dumps(case),
+                    "--result",
+                    str(res),
+                ]
                 env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}:{os.environ.get('PYTHONPATH', '')}"}
                 try:
                     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
@@ -205,9 +244,11 @@ def main() -> None:
             results.append(r)
             mfu = "-" if r["mfu"] is None else f"{r['mfu']:.1%}"
             mem = "-" if r["peak_memory_gib"] is None else f"{r['peak_memory_gib']:.1f} GiB"
-            print(f"{shape:>4} {plugin:<12} {r['tokens_per_s_per_gpu']:>10.0f} tok/s/GPU  "
-                  f"{r['model_tflops_per_gpu']:7.1f} TFLOP/s/GPU  MFU {mfu}  peak {mem}  ({r['device']} x {r['world']})",
-                  flush=True)
+            print(
+                f"{shape:>4} {plugin:<12} {r['tokens_per_s_per_gpu']:>10.0f} tok/s/GPU  "
+                f"{r['model_tflops_per_gpu']:7.1f} TFLOP/s/GPU  MFU {mfu}  peak {mem}  ({r['device']} x {r['world']})",
+                flush=True,
+            )
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
 

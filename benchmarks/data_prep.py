@@ -58,8 +58,13 @@ def tree_rss(root: int) -> int:
 def measure(cmd: list[str]) -> dict:
     """Run a worker; return its JSON result plus wall time and peak tree RSS (sampled every 50 ms)."""
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO / "src"), "TOKENIZERS_PARALLELISM": "true"})
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src"), "TOKENIZERS_PARALLELISM": "true"},
+    )
     peak = [0]
 
     def poll():
@@ -94,7 +99,7 @@ def worker_recipe(corpus: str, work: Path) -> dict:
     def group_texts(examples):
         cat = {k: list(chain(*examples[k])) for k in examples}
         total = len(cat["input_ids"]) // SEQ * SEQ
-        result = {k: [t[i:i + SEQ] for i in range(0, total, SEQ)] for k, t in cat.items()}
+        result = {k: [t[i : i + SEQ] for i in range(0, total, SEQ)] for k, t in cat.items()}
         result["labels"] = result["input_ids"].copy()
         return result
 
@@ -104,8 +109,14 @@ def worker_recipe(corpus: str, work: Path) -> dict:
 
 
 def worker_ours(corpus: str, work: Path, backend: str, records: int | None) -> dict:
-    cfg = json.dumps({"run": "bench", "data": {"sources": [corpus], "num_shards": 2, "max_records_per_source": records},
-                      "tokenizer": {"source": str(GPT2), "backend": backend}, "train": {"seq_len": SEQ}})
+    cfg = json.dumps(
+        {
+            "run": "bench",
+            "data": {"sources": [corpus], "num_shards": 2, "max_records_per_source": records},
+            "tokenizer": {"source": str(GPT2), "backend": backend},
+            "train": {"seq_len": SEQ},
+        }
+    )
     py = [sys.executable, "-m", "llmpipe"]
     store = work / "tokens"
     stages, last = {}, [time.perf_counter()]
@@ -124,17 +135,51 @@ def worker_ours(corpus: str, work: Path, backend: str, records: int | None) -> d
             if j.returncode:
                 raise SystemExit(err.decode()[-2000:])
 
-    together(["get-data", "--config", cfg, "--out", str(work / "sources.json")],
-             ["tokenizer", "--config", cfg, "--out", str(work / "tok")])
+    together(
+        ["get-data", "--config", cfg, "--out", str(work / "sources.json")],
+        ["tokenizer", "--config", cfg, "--out", str(work / "tok")],
+    )
     lap("get-data+tokenizer")
-    together(*[["tokenize", "--config", cfg, "--sources", str(work / "sources.json"), "--shard", str(i),
-                "--tokenizer", str(work / "tok"), "--out", str(store / f"shard-{i:05d}.safetensors")] for i in range(2)])
+    together(
+        *[
+            [
+                "tokenize",
+                "--config",
+                cfg,
+                "--sources",
+                str(work / "sources.json"),
+                "--shard",
+                str(i),
+                "--tokenizer",
+                str(work / "tok"),
+                "--out",
+                str(store / f"shard-{i:05d}.safetensors"),
+            ]
+            for i in range(2)
+        ]
+    )
     lap("tokenize")
-    run("token-store", "--shards", *[str(store / f"shard-{i:05d}.safetensors") for i in range(2)],
-        "--sources", str(work / "sources.json"), "--out", str(store / "manifest.json"))
+    run(
+        "token-store",
+        "--shards",
+        *[str(store / f"shard-{i:05d}.safetensors") for i in range(2)],
+        "--sources",
+        str(work / "sources.json"),
+        "--out",
+        str(store / "manifest.json"),
+    )
     lap("token-store")
-    run("pack", "--config", cfg, "--store", str(store / "manifest.json"), "--tokenizer", str(work / "tok"),
-        "--out", str(work / "hf"))
+    run(
+        "pack",
+        "--config",
+        cfg,
+        "--store",
+        str(store / "manifest.json"),
+        "--tokenizer",
+        str(work / "tok"),
+        "--out",
+        str(work / "hf"),
+    )
     lap("pack")
     manifest = json.loads((store / "manifest.json").read_text())
     encoders = sorted({s["encoder"] for s in manifest["shards"]})
@@ -163,8 +208,11 @@ def worker_encode(corpus: str, work: Path) -> dict:
 
             tok = Tokenizer.from_file(file)
             mine = texts[part::2]
-            n = sum(len(e.ids) for i in range(0, len(mine), 256)
-                    for e in tok.encode_batch_fast(mine[i:i + 256], add_special_tokens=False))
+            n = sum(
+                len(e.ids)
+                for i in range(0, len(mine), 256)
+                for e in tok.encode_batch_fast(mine[i : i + 256], add_special_tokens=False)
+            )
             os.write(write, str(n).encode())
             os._exit(0)
         os.close(write)
@@ -183,8 +231,7 @@ def worker_encode(corpus: str, work: Path) -> dict:
     mid = time.perf_counter()
     fast = sum(len(e.ids) for e in tok.encode_batch_fast(texts, add_special_tokens=False))
     assert fast == tokens == procs_tokens
-    return {"tokens": tokens, "encode_s": mid - start, "encode_fast_s": time.perf_counter() - mid,
-            "encode_fast_2proc_s": procs}
+    return {"tokens": tokens, "encode_s": mid - start, "encode_fast_s": time.perf_counter() - mid, "encode_fast_2proc_s": procs}
 
 
 def worker(args) -> None:
@@ -241,8 +288,11 @@ def main() -> None:
     tmp = ["--tmp", args.tmp] if args.tmp else []
     for name in args.corpora:
         corpus = str(Path(args.shared) / "corpus" / f"gutenberg-{name}-100mb.jsonl.gz")
-        print(f"\n== {corpus} (GPT-2 tokenizer, seq_len {SEQ}, 2 cores; ours: independent stages at once, "
-              f"as snakemake --cores 2 runs them; medians of {args.repeat}, variants taking turns)", flush=True)
+        print(
+            f"\n== {corpus} (GPT-2 tokenizer, seq_len {SEQ}, 2 cores; ours: independent stages at once, "
+            f"as snakemake --cores 2 runs them; medians of {args.repeat}, variants taking turns)",
+            flush=True,
+        )
         run = me + ["--corpus", corpus] + tmp
         cmds = {"recipe": run + ["--worker", "recipe"], "ours": run + ["--worker", "ours-auto"]}
         if name == "chunks":
@@ -256,16 +306,22 @@ def main() -> None:
         if name == "chunks":
             hf, enc = r["hf"], r["encode"]
             print(row("llmpipe (HF tokenizer only)", hf, base))
-            for key, what in (("encode_fast_2proc_s", "HF encode_batch_fast, 2 procs"),
-                              ("encode_s", "HF encode_batch, 2 threads"),
-                              ("encode_fast_s", "HF encode_batch_fast, 2 threads")):
+            for key, what in (
+                ("encode_fast_2proc_s", "HF encode_batch_fast, 2 procs"),
+                ("encode_s", "HF encode_batch, 2 threads"),
+                ("encode_fast_s", "HF encode_batch_fast, 2 threads"),
+            ):
                 limit = enc["tokens"] / enc[key]
-                print(f"{what + ' alone':<34} {enc[key]:7.1f} s {limit / 1e6:6.2f} M tok/s"
-                      f"   llmpipe HF path end to end reaches {hf['tokens'] / hf['wall'] / limit:.0%} of it")
+                print(
+                    f"{what + ' alone':<34} {enc[key]:7.1f} s {limit / 1e6:6.2f} M tok/s"
+                    f"   llmpipe HF path end to end reaches {hf['tokens'] / hf['wall'] / limit:.0%} of it"
+                )
         else:
             half = r["half"]
-            print(row("llmpipe, first half of the books", half, base),
-                  f"  (peak RSS half/full: {half['rss'] / r['ours']['rss']:.2f})")
+            print(
+                row("llmpipe, first half of the books", half, base),
+                f"  (peak RSS half/full: {half['rss'] / r['ours']['rss']:.2f})",
+            )
 
 
 if __name__ == "__main__":

@@ -46,8 +46,10 @@ def main() -> None:
                 raise SystemExit(f"expected {args.shards} tokenize jobs in the dry run, saw {jobs}")
             print(f"run {i + 1}: {walls[-1]:.2f} s ({jobs} tokenize jobs)")
     med = statistics.median(walls)
-    print(f"dry run with {args.shards} shards, median of {len(walls)}: {med:.2f} s; target {TARGET_S:.0f} s; "
-          f"ratio {med / TARGET_S:.2f}")
+    print(
+        f"dry run with {args.shards} shards, median of {len(walls)}: {med:.2f} s; target {TARGET_S:.0f} s; "
+        f"ratio {med / TARGET_S:.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -34,15 +34,23 @@ def write_model(folder: Path, dtype: torch.dtype, layers=16, hidden=2048, heads=
     shapes = {"model.embed_tokens.weight": (vocab, hidden)}
     for i in range(layers):
         p = f"model.layers.{i}"
-        shapes |= {f"{p}.input_layernorm.weight": (hidden,), f"{p}.post_attention_layernorm.weight": (hidden,),
-                   f"{p}.self_attn.q_proj.weight": (heads * hd, hidden), f"{p}.self_attn.k_proj.weight": (kv * hd, hidden),
-                   f"{p}.self_attn.v_proj.weight": (kv * hd, hidden), f"{p}.self_attn.o_proj.weight": (hidden, heads * hd),
-                   f"{p}.mlp.gate_proj.weight": (inter, hidden), f"{p}.mlp.up_proj.weight": (inter, hidden),
-                   f"{p}.mlp.down_proj.weight": (hidden, inter)}
+        shapes |= {
+            f"{p}.input_layernorm.weight": (hidden,),
+            f"{p}.post_attention_layernorm.weight": (hidden,),
+            f"{p}.self_attn.q_proj.weight": (heads * hd, hidden),
+            f"{p}.self_attn.k_proj.weight": (kv * hd, hidden),
+            f"{p}.self_attn.v_proj.weight": (kv * hd, hidden),
+            f"{p}.self_attn.o_proj.weight": (hidden, heads * hd),
+            f"{p}.mlp.gate_proj.weight": (inter, hidden),
+            f"{p}.mlp.up_proj.weight": (inter, hidden),
+            f"{p}.mlp.down_proj.weight": (hidden, inter),
+        }
     shapes |= {"model.norm.weight": (hidden,), "lm_head.weight": (vocab, hidden)}
     names = list(shapes)
-    files = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
-             "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    files = {
+        "model-00001-of-00002.safetensors": names[: len(names) // 2],
+        "model-00002-of-00002.safetensors": names[len(names) // 2 :],
+    }
     g = torch.Generator().manual_seed(0)
     total = 0
     for f, keys in files.items():
@@ -50,12 +58,27 @@ def write_model(folder: Path, dtype: torch.dtype, layers=16, hidden=2048, heads=
         total += sum(t.numel() * t.element_size() for t in part.values())
         save_file(part, folder / f)
         del part
-    (folder / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {"total_size": total}, "weight_map": {k: f for f, ks in files.items() for k in ks}}))
-    (folder / "config.json").write_text(json.dumps({
-        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": hidden, "intermediate_size": inter,
-        "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv, "vocab_size": vocab,
-        "tie_word_embeddings": False, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": 8192}))
+    (folder / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": {k: f for f, ks in files.items() for k in ks}})
+    )
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "architectures": ["LlamaForCausalLM"],
+                "hidden_size": hidden,
+                "intermediate_size": inter,
+                "num_hidden_layers": layers,
+                "num_attention_heads": heads,
+                "num_key_value_heads": kv,
+                "vocab_size": vocab,
+                "tie_word_embeddings": False,
+                "rms_norm_eps": 1e-5,
+                "rope_theta": 500000.0,
+                "max_position_embeddings": 8192,
+            }
+        )
+    )
     return total
 
 
@@ -97,17 +120,22 @@ def main() -> None:
     params = size // (2 if args.dtype == "bfloat16" else 4)
     layout = {"tp": args.tp, "pp": args.pp, "qkv_linear": args.tp % 8 == 0, "kv_size_multiplier": max(1, args.tp // 8)}
     floor, _ = peak_rss([])
-    rss, secs = peak_rss(["neuron-shard", "--model", str(root / "hf"), "--out", str(root / "nxd"),
-                          "--layout", json.dumps(layout)])
+    rss, secs = peak_rss(
+        ["neuron-shard", "--model", str(root / "hf"), "--out", str(root / "nxd"), "--layout", json.dumps(layout)]
+    )
     out = sum(f.stat().st_size for f in (root / "nxd/pretrained_weight/model").iterdir())
     gib = 1 << 30
     print(f"model: {params / 1e9:.2f} B parameters, {args.dtype}, {size / gib:.2f} GiB; layout {layout}, pp {args.pp}")
     print(f"neuron-shard: {secs:.1f} s, {args.tp * args.pp} rank files, {out / gib:.2f} GiB written")
-    print(f"peak RSS {rss / gib:.3f} GiB = {rss / size:.3f} x model size (target <= {TARGET}: "
-          f"{'met' if rss / size <= TARGET else 'NOT met'}; ratio to target {rss / size / TARGET:.2f})")
+    print(
+        f"peak RSS {rss / gib:.3f} GiB = {rss / size:.3f} x model size (target <= {TARGET}: "
+        f"{'met' if rss / size <= TARGET else 'NOT met'}; ratio to target {rss / size / TARGET:.2f})"
+    )
     print(f"  of which the interpreter + imports alone: {floor / gib:.3f} GiB ({floor / size:.3f} x)")
-    print(f"NxD's checkpoint_converter.py (baseline, from ../shared/notes/neuron.md): ~{NXD_BASELINE} x model size "
-          f"-> ~{NXD_BASELINE * size / gib:.2f} GiB here; ours is {NXD_BASELINE * size / rss:.1f}x less")
+    print(
+        f"NxD's checkpoint_converter.py (baseline, from ../shared/notes/neuron.md): ~{NXD_BASELINE} x model size "
+        f"-> ~{NXD_BASELINE * size / gib:.2f} GiB here; ours is {NXD_BASELINE * size / rss:.1f}x less"
+    )
     if not args.keep:
         import shutil
 

@@ -85,8 +85,11 @@ def tokenizer_inputs(wildcards):
     if is_hub_ref(config["tokenizer"]["source"]):  # downloaded by the job itself
         return []
     # every file the copy reads (tokenizer_config.json holds the EOS token): an edit reruns the tokenizer
-    return [f"{config['tokenizer']['source']}/{name}" for name in TOKENIZER_FILES
-            if Path(config["tokenizer"]["source"], name).is_file()] or [f"{config['tokenizer']['source']}/tokenizer.json"]
+    return [
+        f"{config['tokenizer']['source']}/{name}"
+        for name in TOKENIZER_FILES
+        if Path(config["tokenizer"]["source"], name).is_file()
+    ] or [f"{config['tokenizer']['source']}/tokenizer.json"]
 
 
 # Hub inputs (rules/hub.smk): a Hub id in model.init_from is downloaded to HUB_BASE first; hub.datasets
@@ -132,8 +135,10 @@ def launch_prefix(python="python"):
     t, p = config["train"], config["parallel"]
     resume = " --auto-resume" if t["slurm_auto_resume"] else ""  # HyperPod: srun --auto-resume=1
     lock = shlex.quote(f"{RUN}/checkpoints/{BACKEND}")
-    return (f"{shlex.quote(python)} -m llmpipe launch --nproc-per-node {p['nproc_per_node']} --nnodes {p['nnodes']}"
-            f" --launcher {t['launcher']}{resume} --lock {lock}")
+    return (
+        f"{shlex.quote(python)} -m llmpipe launch --nproc-per-node {p['nproc_per_node']} --nnodes {p['nnodes']}"
+        f" --launcher {t['launcher']}{resume} --lock {lock}"
+    )
 
 
 def colossal_launch():
@@ -144,8 +149,10 @@ def colossal_launch():
     py = shlex.quote(c["python"])
     if c["launcher"] == "colossalai":
         hosts = f" --hostfile {shlex.quote(c['hostfile'])}" if c["hostfile"] else ""
-        return (f'bin=$({py} -c "import os, sys; print(os.path.dirname(sys.executable))"); PATH=$bin:$PATH'
-                f" $bin/colossalai run --nproc_per_node {p['nproc_per_node']}{hosts} --master_port {c['master_port']} -m")
+        return (
+            f'bin=$({py} -c "import os, sys; print(os.path.dirname(sys.executable))"); PATH=$bin:$PATH'
+            f" $bin/colossalai run --nproc_per_node {p['nproc_per_node']}{hosts} --master_port {c['master_port']} -m"
+        )
     return launch_prefix(c["python"]) + " -- -m"
 
 
@@ -168,7 +175,8 @@ def check_profile_resources():
             f"{where} gives resources to {', '.join(missing)} (train.backend "
             f"{', '.join(sorted({b for b, rs in owners.items() for r in rs if r in missing}))}), but this config trains "
             f"with train.backend {BACKEND!r} (rules {', '.join(owners.get(BACKEND, []))}): use the profile made for "
-            f"{BACKEND!r}, or set train.backend to the profile's (README: Run on your hardware)")
+            f"{BACKEND!r}, or set train.backend to the profile's (README: Run on your hardware)"
+        )
 
 
 def apply_config_resources():
@@ -187,6 +195,10 @@ def write_dag_info():
     """For `llmpipe dag`: the resolved config and the rules that run on the submitting host."""
     target = os.environ.get("LLMPIPE_DAG_INFO")
     if target and not workflow.remote_exec:
-        info = {"config": config, "backend": BACKEND, "profile": str(PROFILE) if PROFILE else None,
-                "local_rules": sorted(r.name for r in workflow.rules if r.name in workflow._localrules or r.norun)}
+        info = {
+            "config": config,
+            "backend": BACKEND,
+            "profile": str(PROFILE) if PROFILE else None,
+            "local_rules": sorted(r.name for r in workflow.rules if r.name in workflow._localrules or r.norun),
+        }
         Path(target).write_text(json.dumps(info, default=str))

@@ -7,13 +7,13 @@ rule get_data:
         corpus_files,
     output:
         f"{RUN}/data/sources.json",
-    params:
-        cfg=cfg_json("data"),
-        files=corpus_stat,  # size, mtime, ctime, inode: an edit that keeps the mtime still reruns it
     log:
         f"{RUN}/logs/get_data.log",
     conda:
         "../envs/torch.yaml"
+    params:
+        cfg=cfg_json("data"),
+        files=corpus_stat,  # size, mtime, ctime, inode: an edit that keeps the mtime still reruns it
     shell:
         "python -m llmpipe get-data --config {params.cfg:q} --out {output:q} > {log:q} 2>&1"
 
@@ -23,16 +23,14 @@ rule tokenizer:
         tokenizer_inputs,
     output:
         directory(f"{RUN}/tokenizer"),
-    localrule: is_hub_ref(config["tokenizer"]["source"])  # a Hub download runs where the network is
-    params:
-        cfg=cfg_json("data", "tokenizer", "hub.cache_dir", "hub.endpoint"),
-        sources=lambda wildcards, input: (
-            ["--sources", input[0]] if config["tokenizer"]["source"] == "train" else []
-        ),
     log:
         f"{RUN}/logs/tokenizer.log",
+    localrule: is_hub_ref(config["tokenizer"]["source"])  # a Hub download runs where the network is
     conda:
         "../envs/torch.yaml"
+    params:
+        cfg=cfg_json("data", "tokenizer", "hub.cache_dir", "hub.endpoint"),
+        sources=lambda wildcards, input: (["--sources", input[0]] if config["tokenizer"]["source"] == "train" else []),
     shell:
         "python -m llmpipe tokenizer --config {params.cfg:q} {params.sources:q} --out {output:q} > {log:q} 2>&1"
 
@@ -43,13 +41,13 @@ rule tokenize:
         tokenizer=f"{RUN}/tokenizer",
     output:
         f"{RUN}/data/tokens/shard-{{index}}.safetensors",
-    params:
-        cfg=cfg_json("data", "tokenizer.backend"),
-    threads: 1
     log:
         f"{RUN}/logs/tokenize/shard-{{index}}.log",
     conda:
         "../envs/torch.yaml"
+    threads: 1
+    params:
+        cfg=cfg_json("data", "tokenizer.backend"),
     shell:
         "python -m llmpipe tokenize --config {params.cfg:q} --sources {input.sources:q} --shard {wildcards.index:q}"
         " --tokenizer {input.tokenizer:q} --threads {threads} --out {output:q} > {log:q} 2>&1"
@@ -75,14 +73,14 @@ rule pack_view:
         tokenizer=f"{RUN}/tokenizer",
     output:
         directory(f"{RUN}/data/views/{{fmt}}"),
-    wildcard_constraints:
-        fmt="hf|litgpt|megatron",
-    params:
-        cfg=cfg_json("run", "data", "train.seq_len"),
     log:
         f"{RUN}/logs/pack_{{fmt}}.log",
+    wildcard_constraints:
+        fmt="hf|litgpt|megatron",
     conda:
         "../envs/torch.yaml"
+    params:
+        cfg=cfg_json("run", "data", "train.seq_len"),
     shell:
         "python -m llmpipe pack --config {params.cfg:q} --store {input.store:q} --format {wildcards.fmt:q}"
         " --tokenizer {input.tokenizer:q} --out {output:q} > {log:q} 2>&1"
@@ -96,13 +94,13 @@ rule verify_data:
         sources=f"{RUN}/data/sources.json",
     output:
         f"{RUN}/data/stats.json",
-    params:
-        cfg=cfg_json("data"),
-        sample=config["data"]["verify_sample"],
     log:
         f"{RUN}/logs/verify_data.log",
     conda:
         "../envs/torch.yaml"
+    params:
+        cfg=cfg_json("data"),
+        sample=config["data"]["verify_sample"],
     shell:
         "python -m llmpipe verify --config {params.cfg:q} --store {input.store:q} --views {input.views:q}"
         " --tokenizer {input.tokenizer:q} --sources {input.sources:q} --sample {params.sample:q} --out {output:q}"

@@ -8,12 +8,12 @@ rule export_hf:
         manifest=f"{RUN}/data/tokens/manifest.json",
     output:
         directory(f"{RUN}/hf"),
-    params:
-        cfg=cfg_json("export"),
     log:
         f"{RUN}/logs/export_hf.log",
     conda:
         "../envs/torch.yaml"
+    params:
+        cfg=cfg_json("export"),
     shell:
         "python -m llmpipe export --config {params.cfg:q} --trained {input.trained:q} --tokenizer {input.tokenizer:q}"
         " --manifest {input.manifest:q} --out {output:q} > {log:q} 2>&1"
@@ -25,13 +25,13 @@ rule evaluate:
         data=f"{RUN}/data/views/hf",
     output:
         f"{RUN}/eval.json",
-    params:
-        cfg=cfg_json("eval"),
-    threads: 2
     log:
         f"{RUN}/logs/evaluate.log",
     conda:
         "../envs/torch.yaml"
+    threads: 2
+    params:
+        cfg=cfg_json("eval"),
     shell:
         "python -m llmpipe evaluate --config {params.cfg:q} --model {input.model:q} --data {input.data:q}"
         " --threads {threads} --out {output:q} > {log:q} 2>&1"

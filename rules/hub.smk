@@ -8,13 +8,13 @@ import re
 rule download_model:
     output:
         directory(HUB_BASE),
-    params:
-        cfg=cfg_json("model.init_from", "hub.revision", "hub.allow_patterns", "hub.cache_dir", "hub.endpoint"),
-    localrule: True
     log:
         f"{RUN}/logs/download_model.log",
+    localrule: True
     conda:
         "../envs/torch.yaml"
+    params:
+        cfg=cfg_json("model.init_from", "hub.revision", "hub.allow_patterns", "hub.cache_dir", "hub.endpoint"),
     shell:
         "python -m llmpipe download-model --config {params.cfg:q} --out {output:q} > {log:q} 2>&1"
 
@@ -22,15 +22,15 @@ rule download_model:
 rule download_dataset:
     output:
         f"{RUN}/data/hub/{{name}}.parquet",
-    wildcard_constraints:
-        name="|".join(re.escape(n) for n in HUB_DATASETS) or "(?!)",
-    params:
-        cfg=cfg_json("hub.datasets", "data.text_field"),
-    localrule: True
     log:
         f"{RUN}/logs/download_dataset/{{name}}.log",
+    wildcard_constraints:
+        name="|".join(re.escape(n) for n in HUB_DATASETS) or "(?!)",
+    localrule: True
     conda:
         "../envs/torch.yaml"
+    params:
+        cfg=cfg_json("hub.datasets", "data.text_field"),
     shell:
         "python -m llmpipe download-dataset --config {params.cfg:q} --name {wildcards.name:q} --out {output:q} > {log:q} 2>&1"
 
@@ -46,14 +46,14 @@ rule model_card:
         base=lambda wildcards: [HUB_BASE] if is_hub_ref(config["model"]["init_from"]) else [],
     output:
         directory(f"{RUN}/release"),
-    params:
-        cfg=cfg_json(*sorted(config)),  # the card states the whole config
-        metrics=f"{RUN}/train/metrics.jsonl",
-        base=lambda wildcards, input: ["--base", input.base[0]] if input.base else [],
     log:
         f"{RUN}/logs/model_card.log",
     conda:
         "../envs/torch.yaml"
+    params:
+        cfg=cfg_json(*sorted(config)),  # the card states the whole config
+        metrics=f"{RUN}/train/metrics.jsonl",
+        base=lambda wildcards, input: ["--base", input.base[0]] if input.base else [],
     shell:
         "python -m llmpipe model-card --config {params.cfg:q} --hf {input.hf:q} --manifest {input.manifest:q}"
         " --sources {input.sources:q} --metrics {params.metrics:q} --eval {input.eval:q}"
@@ -65,12 +65,12 @@ rule release:
         f"{RUN}/release",
     output:
         f"{RUN}/release.json",
-    params:
-        cfg=cfg_json("hub"),
-    localrule: True
     log:
         f"{RUN}/logs/release.log",
+    localrule: True
     conda:
         "../envs/torch.yaml"
+    params:
+        cfg=cfg_json("hub"),
     shell:
         "python -m llmpipe release --config {params.cfg:q} --folder {input:q} --out {output:q} > {log:q} 2>&1"

@@ -11,13 +11,13 @@ rule plan:
     output:
         json=f"{RUN}/plan.json",
         md=f"{RUN}/plan.md",
-    params:
-        cfg=cfg_json("run", "train", "parallel", "plan", *[BACKEND] if BACKEND in config else []),  # layout: parallel
-    priority: 10
     log:
         f"{RUN}/logs/plan.log",
+    priority: 10
     conda:
         "../envs/torch.yaml"
+    params:
+        cfg=cfg_json("run", "train", "parallel", "plan", *[BACKEND] if BACKEND in config else []),  # layout: parallel
     shell:
         "python -m llmpipe plan --config {params.cfg:q} --view {input.view:q} --model {input.init:q}"
         " --out {output.json:q} --markdown {output.md:q} > {log:q} 2>&1"

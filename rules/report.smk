@@ -13,14 +13,16 @@ rule report_items:
         lr=report(f"{RUN}/report/lr.png", caption="../report/lr.rst", category="Training", labels={"figure": "learning rate"}),
         data=report(f"{RUN}/report/data.html", caption="../report/data.rst", category="Data", labels={"table": "data statistics"}),
         plan=report(f"{RUN}/report/plan.html", caption="../report/plan.rst", category="Plan", labels={"table": "plan"}),
-        eval=report(f"{RUN}/report/eval.html", caption="../report/eval.rst", category="Evaluation", labels={"table": "evaluation"}),
-    params:
-        metrics=f"{RUN}/train/metrics.jsonl",
-        out=lambda wildcards, output: Path(output.loss).parent,
+        eval=report(
+            f"{RUN}/report/eval.html", caption="../report/eval.rst", category="Evaluation", labels={"table": "evaluation"}
+        ),
     log:
         f"{RUN}/logs/report_items.log",
     conda:
         "../envs/torch.yaml"
+    params:
+        metrics=f"{RUN}/train/metrics.jsonl",
+        out=lambda wildcards, output: Path(output.loss).parent,
     shell:
         "python -m llmpipe report --metrics {params.metrics:q} --stats {input.stats:q} --plan {input.plan:q}"
         " --eval {input.eval:q} --out {params.out:q} > {log:q} 2>&1"

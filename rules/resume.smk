@@ -9,14 +9,14 @@ rule resume_check:
         data=f"{RUN}/data/views/hf",
     output:
         f"{RUN}/train/resume-check.json",
-    params:
-        checkpoints=f"{RUN}/checkpoints/{BACKEND}",
-        run=config["run"],
-        resume=[] if config["train"]["resume"] else ["--no-resume"],
     log:
         f"{RUN}/logs/resume_check.log",
     conda:
         "../envs/torch.yaml"
+    params:
+        checkpoints=f"{RUN}/checkpoints/{BACKEND}",
+        run=config["run"],
+        resume=[] if config["train"]["resume"] else ["--no-resume"],
     shell:
         "python -m llmpipe resume-check --checkpoints {params.checkpoints:q} --init {input.init:q} --data {input.data:q}"
         " --run {params.run:q} {params.resume:q} --out {output:q} > {log:q} 2>&1"

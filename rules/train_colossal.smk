@@ -11,22 +11,26 @@ rule train_colossal:
         data=f"{RUN}/data/views/hf",
         tokenizer=f"{RUN}/tokenizer",
         resume=rules.resume_check.output,
-        hostfile=[config["colossal"]["hostfile"]] if config["colossal"]["launcher"] == "colossalai" and config["colossal"]["hostfile"] else [],
+        hostfile=(
+            [config["colossal"]["hostfile"]]
+            if config["colossal"]["launcher"] == "colossalai" and config["colossal"]["hostfile"]
+            else []
+        ),
     output:
         directory(f"{RUN}/checkpoints/colossal/final"),
+    log:
+        f"{RUN}/logs/train_colossal.log",
+    conda:
+        "../envs/colossal.yaml"
+    threads: config["train"]["threads"] * config["parallel"]["nproc_per_node"]
+    resources:
+        **train_resources(),
     params:
         cfg=cfg_json("train", "parallel", "eval", "colossal.plugin", "colossal.flash_attention"),
         launch=colossal_launch(),
         cfg_file=f"{RUN}/train/colossal-config.json",
         checkpoints=lambda wildcards, output: Path(output[0]).parent,
         metrics=f"{RUN}/train/metrics.jsonl",
-    threads: config["train"]["threads"] * config["parallel"]["nproc_per_node"]
-    resources:
-        **train_resources(),
-    log:
-        f"{RUN}/logs/train_colossal.log",
-    conda:
-        "../envs/colossal.yaml"
     shell:
         # The config goes through a file: `colossalai run` joins arguments into one shell line.
         "mkdir -p $(dirname {params.cfg_file:q}) && printf '%s' {params.cfg:q} > {params.cfg_file:q} && "

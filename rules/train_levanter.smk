@@ -11,12 +11,12 @@ rule levanter_cache:
         store=f"{RUN}/data/tokens/manifest.json",
     output:
         directory(f"{RUN}/data/views/levanter"),
-    params:
-        python=config["levanter"]["python"],
     log:
         f"{RUN}/logs/levanter_cache.log",
     conda:
         "../envs/levanter.yaml"
+    params:
+        python=config["levanter"]["python"],
     shell:
         "{params.python:q} -m llmpipe levanter-cache --store {input.store:q} --out {output:q} > {log:q} 2>&1"
 
@@ -28,14 +28,14 @@ rule levanter_config:
         init=f"{RUN}/checkpoints/init",
     output:
         directory(f"{RUN}/train/levanter"),
-    params:
-        cfg=cfg_json("run", "data.shuffle", "model", "train", "parallel", "eval", "levanter"),
-        python=config["levanter"]["python"],
-        output=LEVANTER_OUT,
     log:
         f"{RUN}/logs/levanter_config.log",
     conda:
         "../envs/levanter.yaml"
+    params:
+        cfg=cfg_json("run", "data.shuffle", "model", "train", "parallel", "eval", "levanter"),
+        python=config["levanter"]["python"],
+        output=LEVANTER_OUT,
     shell:
         "{params.python:q} -m llmpipe levanter-config --config {params.cfg:q} --cache {input.cache:q}"
         " --tokenizer {input.tokenizer:q} --init {input.init:q} --output {params.output:q} --out {output:q} > {log:q} 2>&1"
@@ -47,17 +47,17 @@ rule train_levanter:
         cache=f"{RUN}/data/views/levanter",
     output:
         directory(f"{RUN}/checkpoints/levanter/final"),
-    params:
-        python=config["levanter"]["python"],
-        platforms=config["levanter"]["jax_platforms"],
-        metrics=f"{RUN}/train/metrics.jsonl",
-    threads: config["train"]["threads"]
-    resources:
-        **train_resources(),
     log:
         f"{RUN}/logs/train_levanter.log",
     conda:
         "../envs/levanter.yaml"
+    threads: config["train"]["threads"]
+    resources:
+        **train_resources(),
+    params:
+        python=config["levanter"]["python"],
+        platforms=config["levanter"]["jax_platforms"],
+        metrics=f"{RUN}/train/metrics.jsonl",
     shell:
         "{params.python:q} -m llmpipe levanter-train --levanter-config {input.config:q}/config.yaml --out {output:q}"
         " --metrics {params.metrics:q} --jax-platforms {params.platforms:q} > {log:q} 2>&1"

@@ -3,7 +3,11 @@
 # shared compile cache) -> train_neuron (srun + torchrun per node) -> neuron_merge ->
 # {RUN}/checkpoints/neuron/final (HF), which the shared export_hf / evaluate rules read.
 NXD = f"{RUN}/checkpoints/neuron/nxd"  # run_llama_nxd.py --checkpoint_dir: pretrained_weight/, step_<N>/
-NEURON_LAYOUT = ["parallel.tp", "parallel.pp", *(f"neuron.{k}" for k in ("vpp", "kv_size_multiplier", "qkv_linear", "fuse_qkv", "coalesce_qkv", "hw_backend"))]
+NEURON_LAYOUT = [
+    "parallel.tp",
+    "parallel.pp",
+    *(f"neuron.{k}" for k in ("vpp", "kv_size_multiplier", "qkv_linear", "fuse_qkv", "coalesce_qkv", "hw_backend")),
+]
 NEURON_RUN = ("results_dir", "model.init_from", "train", "parallel", "neuron")
 
 
@@ -12,13 +16,13 @@ rule neuron_shard:
         init=f"{RUN}/checkpoints/init",
     output:
         directory(f"{NXD}/pretrained_weight"),
-    params:
-        layout=cfg_json(*NEURON_LAYOUT),
-        ckpt=lambda wildcards, output: Path(output[0]).parent,  # the NxD checkpoint dir
     log:
         f"{RUN}/logs/neuron_shard.log",
     conda:
         "../envs/torch.yaml"
+    params:
+        layout=cfg_json(*NEURON_LAYOUT),
+        ckpt=lambda wildcards, output: Path(output[0]).parent,  # the NxD checkpoint dir
     shell:
         "python -m llmpipe neuron-shard --model {input.init:q} --out {params.ckpt:q} --layout {params.layout:q} > {log:q} 2>&1"
 
@@ -32,17 +36,17 @@ rule neuron_precompile:
         shards=f"{NXD}/pretrained_weight",
     output:
         f"{RUN}/checkpoints/neuron/precompile.json",
+    log:
+        f"{RUN}/logs/neuron_precompile.log",
+    conda:
+        "../envs/torch.yaml"
+    resources:
+        **train_resources(),
     params:
         cfg=cfg_json(*NEURON_RUN),
         ckpt=lambda wildcards, input: Path(input.shards).parent,
         metrics=f"{RUN}/train/nxd_precompile_metrics.json",
         tb=f"{RUN}/train/tensorboard_precompile",
-    resources:
-        **train_resources(),
-    log:
-        f"{RUN}/logs/neuron_precompile.log",
-    conda:
-        "../envs/torch.yaml"
     shell:
         "python -m llmpipe neuron-precompile --config {params.cfg:q} --init {input.init:q} --data {input.data:q}"
         " --checkpoint-dir {params.ckpt:q} --metrics {params.metrics:q} --tb-dir {params.tb:q} --out {output:q} > {log:q} 2>&1"
@@ -56,17 +60,17 @@ rule train_neuron:
         compiled=f"{RUN}/checkpoints/neuron/precompile.json",
     output:
         f"{RUN}/checkpoints/neuron/train.json",
+    log:
+        f"{RUN}/logs/train_neuron.log",
+    conda:
+        "../envs/torch.yaml"
+    resources:
+        **train_resources(),
     params:
         cfg=cfg_json(*NEURON_RUN),
         ckpt=lambda wildcards, input: Path(input.shards).parent,
         metrics=f"{RUN}/train/nxd_metrics.json",
         tb=f"{RUN}/train/tensorboard",
-    resources:
-        **train_resources(),
-    log:
-        f"{RUN}/logs/train_neuron.log",
-    conda:
-        "../envs/torch.yaml"
     shell:
         "python -m llmpipe neuron-train --config {params.cfg:q} --init {input.init:q} --data {input.data:q}"
         " --checkpoint-dir {params.ckpt:q} --metrics {params.metrics:q} --tb-dir {params.tb:q} --out {output:q} > {log:q} 2>&1"
@@ -79,12 +83,12 @@ rule neuron_merge:
         tokenizer=f"{RUN}/tokenizer",
     output:
         directory(f"{RUN}/checkpoints/neuron/final"),
-    params:
-        ckpt=lambda wildcards, input: Path(input.shards).parent,
     log:
         f"{RUN}/logs/neuron_merge.log",
     conda:
         "../envs/torch.yaml"
+    params:
+        ckpt=lambda wildcards, input: Path(input.shards).parent,
     shell:
         "python -m llmpipe neuron-merge --checkpoint-dir {params.ckpt:q} --tokenizer {input.tokenizer:q} --step latest"
         " --dtype bfloat16 --out {output:q} > {log:q} 2>&1"

@@ -11,13 +11,13 @@ rule sagemaker_upload:
         init=[] if SM_ALGORITHM else f"{RUN}/checkpoints/init",
     output:
         f"{RUN}/sagemaker/inputs.json",
-    params:
-        cfg=cfg_json("run", "data.views", "sagemaker"),
-        init=lambda wildcards, input: ["--init", input.init] if input.init else [],
     log:
         f"{RUN}/logs/sagemaker_upload.log",
     conda:
         "../envs/sagemaker.yaml"
+    params:
+        cfg=cfg_json("run", "data.views", "sagemaker"),
+        init=lambda wildcards, input: ["--init", input.init] if input.init else [],
     shell:
         "python -m llmpipe sagemaker-upload --config {params.cfg:q} --view {input.view:q} {params.init:q}"
         " --out {output:q} > {log:q} 2>&1"
@@ -28,13 +28,13 @@ rule train_sagemaker:
         inputs=f"{RUN}/sagemaker/inputs.json",
     output:
         directory(f"{RUN}/checkpoints/sagemaker/final"),
-    params:
-        cfg=cfg_json("run", "data.views", "train", "parallel", "eval", "sagemaker"),
-        metrics=f"{RUN}/train/metrics.jsonl",
     log:
         f"{RUN}/logs/train_sagemaker.log",
     conda:
         "../envs/sagemaker.yaml"
+    params:
+        cfg=cfg_json("run", "data.views", "train", "parallel", "eval", "sagemaker"),
+        metrics=f"{RUN}/train/metrics.jsonl",
     shell:
         "python -m llmpipe sagemaker-train --config {params.cfg:q} --inputs {input.inputs:q}"
         " --metrics {params.metrics:q} --out {output:q} > {log:q} 2>&1"

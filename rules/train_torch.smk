@@ -10,18 +10,18 @@ rule train_torch:
         resume=rules.resume_check.output,
     output:
         directory(f"{RUN}/checkpoints/torch/final"),
+    log:
+        f"{RUN}/logs/train_torch.log",
+    conda:
+        "../envs/torch.yaml"
+    threads: config["train"]["threads"] * config["parallel"]["nproc_per_node"]
+    resources:
+        **train_resources(),
     params:
         cfg=cfg_json("train", "parallel", "eval"),
         launch=launch_prefix(),
         checkpoints=lambda wildcards, output: Path(output[0]).parent,
         metrics=f"{RUN}/train/metrics.jsonl",
-    threads: config["train"]["threads"] * config["parallel"]["nproc_per_node"]
-    resources:
-        **train_resources(),
-    log:
-        f"{RUN}/logs/train_torch.log",
-    conda:
-        "../envs/torch.yaml"
     shell:
         "{params.launch} -- -m llmpipe torch-train"
         " --config {params.cfg:q} --init {input.init:q} --data {input.data:q} --checkpoints {params.checkpoints:q}"

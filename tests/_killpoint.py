@@ -52,7 +52,7 @@ hook(torch.nn.utils, "clip_grad_norm_", "step")
 from llmpipe.__main__ import main  # noqa: E402
 
 try:
-    main(sys.argv[sys.argv.index("--") + 1:])
+    main(sys.argv[sys.argv.index("--") + 1 :])
 finally:
     if target == 0:
         with open(events_path, "w") as fh:

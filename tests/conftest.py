@@ -14,8 +14,19 @@ from llmpipe import config as cfgmod
 
 REPO = Path(__file__).resolve().parents[1]
 # What a test's copy of the checkout leaves out: outputs, caches and the backend venvs (GBs).
-REPO_IGNORE = shutil.ignore_patterns("results", ".snakemake", ".git", ".venvs", "__pycache__", "*.egg-info",
-                                     ".pytest_cache", ".hypothesis", ".benchmarks", ".ruff_cache", "report.html")
+REPO_IGNORE = shutil.ignore_patterns(
+    "results",
+    ".snakemake",
+    ".git",
+    ".venvs",
+    "__pycache__",
+    "*.egg-info",
+    ".pytest_cache",
+    ".hypothesis",
+    ".benchmarks",
+    ".ruff_cache",
+    "report.html",
+)
 CORPUS = REPO / "data" / "gutenberg-sample-2mb.jsonl.gz"
 GPT2 = REPO / "data" / "tokenizers" / "gpt2"
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -45,11 +56,26 @@ def tiny_config(tmp: Path, **sections) -> dict:
         "results_dir": str(tmp / "results"),
         "data": {"sources": [str(tmp / "corpus.jsonl")], "num_shards": 2, "val_fraction": 0.1},
         "tokenizer": {"source": "train", "vocab_size": 512},
-        "model": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-                  "num_attention_heads": 4, "num_key_value_heads": 2},
-        "train": {"seq_len": 64, "global_batch_size": 8, "micro_batch_size": 2, "lr": 3e-3, "min_lr": 3e-4,
-                  "warmup_steps": 2, "max_steps": 12, "save_interval": 4, "eval_interval": 6, "seed": 7,
-                  "threads": 1},
+        "model": {
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+        },
+        "train": {
+            "seq_len": 64,
+            "global_batch_size": 8,
+            "micro_batch_size": 2,
+            "lr": 3e-3,
+            "min_lr": 3e-4,
+            "warmup_steps": 2,
+            "max_steps": 12,
+            "save_interval": 4,
+            "eval_interval": 6,
+            "seed": 7,
+            "threads": 1,
+        },
     }
     return cfgmod.validate(merge(base, sections), whole=False)  # backend checks: tested on their own
 
@@ -81,8 +107,15 @@ def prepare(tmp: Path, cfg: dict, views=("hf",)) -> dict:
     build_manifest(outs, tokens / "manifest.json", key)
     for fmt in views:
         build_view(tokens / "manifest.json", fmt, tmp / fmt, cfg, tmp / "tokenizer")
-    return {"root": tmp, "cfg": cfg, "sources": sources, "tokens": tokens, "manifest": tokens / "manifest.json",
-            "view": tmp / "hf", "tokenizer": tmp / "tokenizer"}
+    return {
+        "root": tmp,
+        "cfg": cfg,
+        "sources": sources,
+        "tokens": tokens,
+        "manifest": tokens / "manifest.json",
+        "view": tmp / "hf",
+        "tokenizer": tmp / "tokenizer",
+    }
 
 
 @pytest.fixture(scope="session")

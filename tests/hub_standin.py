@@ -31,8 +31,9 @@ class Repo:
     private: bool = False
 
     def commit(self, files: dict, ref: str = "main") -> str:
-        sha = hashlib.sha1(json.dumps({p: git_oid(b) for p, b in sorted(files.items())}).encode()
-                           + str(len(self.commits)).encode()).hexdigest()
+        sha = hashlib.sha1(
+            json.dumps({p: git_oid(b) for p, b in sorted(files.items())}).encode() + str(len(self.commits)).encode()
+        ).hexdigest()
         self.commits[sha] = dict(files)
         self.refs[ref] = sha
         return sha
@@ -114,16 +115,26 @@ class StandInHub:
                     repo, sha = self._repo(m[1], m[2], m[3])
                     if repo:
                         files = repo.commits[sha]
-                        self._json(200, {"id": m[2], "sha": sha, "private": repo.private, "gated": repo.gated,
-                                         "siblings": [{"rfilename": p} for p in sorted(files)]})
+                        self._json(
+                            200,
+                            {
+                                "id": m[2],
+                                "sha": sha,
+                                "private": repo.private,
+                                "gated": repo.gated,
+                                "siblings": [{"rfilename": p} for p in sorted(files)],
+                            },
+                        )
                     return
                 m = re.match(r"^/api/(model|dataset)s/([^/]+/[^/]+)/tree/([^/]+)(/.*)?$", path)
                 if m:
                     repo, sha = self._repo(m[1], m[2], m[3])
                     if repo:
                         files = repo.commits[sha]
-                        self._json(200, [{"type": "file", "path": p, "size": len(b), "oid": git_oid(b)}
-                                         for p, b in sorted(files.items())])
+                        self._json(
+                            200,
+                            [{"type": "file", "path": p, "size": len(b), "oid": git_oid(b)} for p, b in sorted(files.items())],
+                        )
                     return
                 m = re.match(r"^/(?:(datasets)/)?([^/]+/[^/]+)/resolve/([^/]+)/(.+)$", path)
                 if m:
@@ -166,8 +177,9 @@ class StandInHub:
                 m = re.match(r"^/api/(model|dataset)s/([^/]+/[^/]+)/preupload/(.+)$", path)
                 if m:
                     files = json.loads(body)["files"]
-                    self._json(200, {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False}
-                                               for f in files]})
+                    self._json(
+                        200, {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False} for f in files]}
+                    )
                     return
                 m = re.match(r"^/api/(model|dataset)s/([^/]+/[^/]+)/commit/(.+)$", path)
                 if m:
@@ -179,8 +191,10 @@ class StandInHub:
                             v = item["value"]
                             files[v["path"]] = base64.b64decode(v["content"])
                     sha = repo.commit(files, m[3])
-                    self._json(200, {"success": True, "commitOid": sha,
-                                     "commitUrl": f"http://{self.headers['Host']}/{m[2]}/commit/{sha}"})
+                    self._json(
+                        200,
+                        {"success": True, "commitOid": sha, "commitUrl": f"http://{self.headers['Host']}/{m[2]}/commit/{sha}"},
+                    )
                     return
                 self._error(404, "NotFound", f"stand-in Hub does not serve POST {path}")
 

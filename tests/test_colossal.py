@@ -31,6 +31,7 @@ def need_env():
 
 # ---------------------------------------------------------------- collator (main environment)
 
+
 def test_collator_keeps_every_eos_unmasked(prepared):
     """Packed rows hold EOS between documents; the tokenizer's pad id is EOS here, so a mask derived
     from `input_ids != pad_id` (ColossalAI's LLaMA trainer) would hide them. Ours must not."""
@@ -84,34 +85,67 @@ def test_resume_fingerprint_covers_the_parallel_layout(prepared):
         return fingerprint(cfg, prepared["init"], prepared["view"], colossal=resume_layout(layout_of(cfg)))
 
     def fp(parallel=None, **colossal):
-        return fingerprint_of(cfgmod.validate({**prepared["cfg"], "train": {**prepared["cfg"]["train"], "backend": "colossal"},
-                                               "colossal": colossal, "parallel": parallel or {}}))
+        return fingerprint_of(
+            cfgmod.validate(
+                {
+                    **prepared["cfg"],
+                    "train": {**prepared["cfg"]["train"], "backend": "colossal"},
+                    "colossal": colossal,
+                    "parallel": parallel or {},
+                }
+            )
+        )
 
     base = fp(plugin="gemini")
     assert fp(plugin="gemini_auto") == base
     assert fp(plugin="gemini", launcher="colossalai", master_port=1234) == base
     assert fp(plugin="3d") != base and fp({"tp": 2}, plugin="3d") != fp(plugin="3d")
-    cfg = cfgmod.validate({**prepared["cfg"], "train": {**prepared["cfg"]["train"], "backend": "colossal"},
-                           "colossal": {"plugin": "gemini"}, "parallel": {}})
+    cfg = cfgmod.validate(
+        {
+            **prepared["cfg"],
+            "train": {**prepared["cfg"]["train"], "backend": "colossal"},
+            "colossal": {"plugin": "gemini"},
+            "parallel": {},
+        }
+    )
     cfg["train"]["lr"] *= 2
     assert fingerprint_of(cfg) != base
 
 
 def test_colossalai_launcher_on_many_nodes_needs_a_hostfile(tmp_path):
     over = tmp_path / "o.yaml"
-    over.write_text(yaml.safe_dump({"train": {"backend": "colossal"}, "parallel": {"nnodes": 2}, "colossal": {"launcher": "colossalai"},
-                                    "results_dir": str(tmp_path)}))
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--configfile", str(over)], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+    over.write_text(
+        yaml.safe_dump(
+            {
+                "train": {"backend": "colossal"},
+                "parallel": {"nnodes": 2},
+                "colossal": {"launcher": "colossalai"},
+                "results_dir": str(tmp_path),
+            }
+        )
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-n", "--configfile", str(over)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode != 0
     assert "'colossal.launcher' colossalai on 'parallel.nnodes' > 1 needs 'colossal.hostfile'" in proc.stdout + proc.stderr
 
 
 # ---------------------------------------------------------------- through the Snakemake rule
 
+
 def snakemake(cwd, *args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "snakemake", "--profile", "profiles/local", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "snakemake", "--profile", "profiles/local", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def metrics(run):
@@ -131,14 +165,31 @@ def run_config(work, colossal: dict, name: str = "t", parallel: dict | None = No
     """Both tests train run `name` (so the data stages run once): Snakemake reruns training when
     the colossal settings change; each test first removes the other's checkpoints."""
     cfg = {
-        "run": name, "results_dir": str(work / "results"),
+        "run": name,
+        "results_dir": str(work / "results"),
         "data": {"sources": [str(work / "corpus.jsonl")], "num_shards": 1, "val_fraction": 0.1},
         "tokenizer": {"source": "train", "vocab_size": 512},
-        "model": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-                  "num_key_value_heads": 2},
-        "train": {"backend": "colossal", "seq_len": 64, "global_batch_size": 8, "micro_batch_size": 2,
-                  "lr": 1e-2, "min_lr": 1e-3, "warmup_steps": 2, "max_steps": 10, "save_interval": 5,
-                  "eval_interval": 5, "seed": 7, "threads": 1},
+        "model": {
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+        },
+        "train": {
+            "backend": "colossal",
+            "seq_len": 64,
+            "global_batch_size": 8,
+            "micro_batch_size": 2,
+            "lr": 1e-2,
+            "min_lr": 1e-3,
+            "warmup_steps": 2,
+            "max_steps": 10,
+            "save_interval": 5,
+            "eval_interval": 5,
+            "seed": 7,
+            "threads": 1,
+        },
         "colossal": {"python": str(VENV_PY), **colossal},
         "parallel": {"nproc_per_node": 2, **(parallel or {})},
     }
@@ -151,8 +202,13 @@ def run_config(work, colossal: dict, name: str = "t", parallel: dict | None = No
 def check_final(final):
     """HF folder: sharded safetensors + index, config, generation config, tokenizer."""
     names = {p.name for p in final.iterdir()}
-    assert {"config.json", "generation_config.json", "model.safetensors.index.json", "tokenizer.json",
-            "train_summary.json"} <= names, names
+    assert {
+        "config.json",
+        "generation_config.json",
+        "model.safetensors.index.json",
+        "tokenizer.json",
+        "train_summary.json",
+    } <= names, names
     assert any(n.startswith("model-") and n.endswith(".safetensors") for n in names), names
 
 
@@ -168,8 +224,7 @@ with torch.no_grad():
 
 @pytest.mark.slow
 def test_ddp_via_colossalai_run_exports_a_model_both_environments_load(work, tmp_path):
-    cfg, run = run_config(work, {"plugin": "ddp", "launcher": "colossalai",
-                                         "hostfile": str(write_hostfile(tmp_path))})
+    cfg, run = run_config(work, {"plugin": "ddp", "launcher": "colossalai", "hostfile": str(write_hostfile(tmp_path))})
     proc = snakemake(work, f"{run}/eval.json", "--configfile", str(cfg))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     log = (run / "logs" / "train_colossal.log").read_text()
@@ -219,8 +274,9 @@ def test_hybrid_parallel_matches_torch_backend_and_resumes(work, tmp_path):
 
     tcfg = cfgmod.load(str(cfg))
     tcfg["train"]["backend"] = "torch"
-    train(tcfg, run / "checkpoints" / "init", run / "data" / "views" / "hf", tmp_path / "ck", tmp_path / "m.jsonl",
-          tmp_path / "out")
+    train(
+        tcfg, run / "checkpoints" / "init", run / "data" / "views" / "hf", tmp_path / "ck", tmp_path / "m.jsonl", tmp_path / "out"
+    )
     ref = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
     for a, b in zip(first, ref, strict=True):
         assert abs(a["loss"] - b["loss"]) < 1e-4 and abs(a["lr"] - b["lr"]) < 1e-12, (a, b)

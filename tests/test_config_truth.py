@@ -22,13 +22,29 @@ PLUGIN = REPO / "tests" / "plugin_backend"
 BAD = [
     ({"train": {"backend": "torhc"}}, "'train.backend': 'torhc' is not one of"),
     ({"hub": {"release": {"enabled": True}}}, "'hub.release.enabled' is true but 'hub.release.repo_id' is not set"),
-    ({"train": {"backend": "sagemaker"}, "sagemaker": {"algorithm_name": "arn:aws:sagemaker:us-east-1:123456789012:algorithm/a",
-                                                       "s3_prefix": "s3://bucket1/p"}, "data": {"views": ["hf", "litgpt"]}},
-     "needs: sagemaker.role_arn"),
-    ({"train": {"backend": "colossal", "global_batch_size": 32}, "parallel": {"nnodes": 2}, "colossal": {"launcher": "colossalai"}},
-     "'colossal.launcher' colossalai on 'parallel.nnodes' > 1 needs 'colossal.hostfile'"),
-    ({"train": {"backend": "colossal"}, "colossal": {"launcher": "colossalai", "hostfile": "/nonexistent/hosts"}},
-     "'colossal.hostfile' '/nonexistent/hosts' does not exist"),
+    (
+        {
+            "train": {"backend": "sagemaker"},
+            "sagemaker": {
+                "algorithm_name": "arn:aws:sagemaker:us-east-1:123456789012:algorithm/a",
+                "s3_prefix": "s3://bucket1/p",
+            },
+            "data": {"views": ["hf", "litgpt"]},
+        },
+        "needs: sagemaker.role_arn",
+    ),
+    (
+        {
+            "train": {"backend": "colossal", "global_batch_size": 32},
+            "parallel": {"nnodes": 2},
+            "colossal": {"launcher": "colossalai"},
+        },
+        "'colossal.launcher' colossalai on 'parallel.nnodes' > 1 needs 'colossal.hostfile'",
+    ),
+    (
+        {"train": {"backend": "colossal"}, "colossal": {"launcher": "colossalai", "hostfile": "/nonexistent/hosts"}},
+        "'colossal.hostfile' '/nonexistent/hosts' does not exist",
+    ),
     ({"train": {"backend": "neuron"}, "parallel": {"tp": 16}}, "tp 16 must divide num_attention_heads 4"),
     ({"train": {"backend": "torch"}, "parallel": {"tp": 2}}, "'parallel.tp' 2: the torch (DDP) backend trains only with 1"),
     ({"train": {"nproc": 2}}, "'train.nproc' is now 'parallel.nproc_per_node'"),
@@ -39,9 +55,15 @@ BAD = [
 ]
 GOOD = [
     {},
-    {"train": {"backend": "sagemaker"}, "sagemaker": {"role_arn": "arn:aws:iam::123456789012:role/r",
-                                                      "algorithm_name": "arn:aws:sagemaker:us-east-1:123456789012:algorithm/a",
-                                                      "s3_prefix": "s3://bucket1/p"}, "data": {"views": ["hf", "litgpt"]}},
+    {
+        "train": {"backend": "sagemaker"},
+        "sagemaker": {
+            "role_arn": "arn:aws:iam::123456789012:role/r",
+            "algorithm_name": "arn:aws:sagemaker:us-east-1:123456789012:algorithm/a",
+            "s3_prefix": "s3://bucket1/p",
+        },
+        "data": {"views": ["hf", "litgpt"]},
+    },
 ]
 
 
@@ -50,13 +72,25 @@ def problems(text: str) -> list[str]:
 
 
 def check_config(path, env=None):
-    return subprocess.run([sys.executable, "-m", "llmpipe", "check-config", str(path)], cwd=REPO, capture_output=True,
-                          text=True, timeout=120, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "llmpipe", "check-config", str(path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
 
 
 def dry_run(cwd, path, *extra, env=None):
-    return subprocess.run([sys.executable, "-m", "snakemake", "-n", "--cores", "1", *extra, "--configfile", str(path)],
-                          cwd=cwd, capture_output=True, text=True, timeout=300, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "snakemake", "-n", "--cores", "1", *extra, "--configfile", str(path)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
 
 
 @pytest.mark.parametrize("cfg,needle", BAD, ids=[n[:40] for _, n in BAD])
@@ -99,8 +133,11 @@ def test_a_backend_plugs_in_from_outside(tmp_path, plugin_env):
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({"train": {"backend": "echo"}, "parallel": {"nnodes": 2}, "echo": {"copies": 2}}))
     checked, planned = check_config(bad, plugin_env), dry_run(REPO, bad, env=plugin_env)
-    assert problems(checked.stderr) == problems(planned.stdout + planned.stderr) == [
-        "- 'echo.copies' 2 needs 'parallel.nnodes' 1 (got 2)"]
+    assert (
+        problems(checked.stderr)
+        == problems(planned.stdout + planned.stderr)
+        == ["- 'echo.copies' 2 needs 'parallel.nnodes' 1 (got 2)"]
+    )
     unknown = tmp_path / "unknown.yaml"
     unknown.write_text(yaml.safe_dump({"train": {"backend": "echo"}, "echo": {"copies": 0}}))
     assert "'echo.copies': 0 is less than the minimum of 1" in check_config(unknown, plugin_env).stderr
@@ -114,14 +151,27 @@ def test_plugged_in_backend_runs_through_export(tmp_path, plugin_env):
     shutil.copytree(REPO, work, ignore=REPO_IGNORE)
     corpus = write_jsonl(tmp_path / "corpus.jsonl", corpus_docs(40))
     cfg = tmp_path / "echo.yaml"
-    cfg.write_text(yaml.safe_dump({
-        "run": "echo", "results_dir": str(tmp_path / "results"), "train": {"backend": "echo", "seq_len": 64},
-        "data": {"sources": [str(corpus)], "num_shards": 1}, "tokenizer": {"vocab_size": 300},
-        "model": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1},
-    }))
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "run": "echo",
+                "results_dir": str(tmp_path / "results"),
+                "train": {"backend": "echo", "seq_len": 64},
+                "data": {"sources": [str(corpus)], "num_shards": 1},
+                "tokenizer": {"vocab_size": 300},
+                "model": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1},
+            }
+        )
+    )
     run = tmp_path / "results" / "echo"
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", str(run / "hf"), "--configfile", str(cfg)],
-                          cwd=work, capture_output=True, text=True, timeout=600, env=plugin_env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--cores", "2", str(run / "hf"), "--configfile", str(cfg)],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=plugin_env,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert re.search(r"rule train_echo:", proc.stdout + proc.stderr)
     init, final = run / "checkpoints" / "init", run / "checkpoints" / "echo" / "final"

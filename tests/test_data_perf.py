@@ -45,8 +45,7 @@ def test_batched_rows_equal_row_by_row(remainder):
     assert checked > 100
 
 
-@pytest.mark.parametrize("dtype,prefix,suffix", [(np.uint16, [], [0]), (np.uint32, [70_000], [70_001]),
-                                                 (np.uint16, [1, 2], [3])])
+@pytest.mark.parametrize("dtype,prefix,suffix", [(np.uint16, [], [0]), (np.uint32, [70_000], [70_001]), (np.uint16, [1, 2], [3])])
 def test_split_writer_batches_equal_per_document_arrays(tmp_path, dtype, prefix, suffix):
     rng = np.random.default_rng(3)
     w = _SplitWriter(tmp_path / "split.bin", np.dtype(dtype))
@@ -67,8 +66,7 @@ def test_split_writer_batches_equal_per_document_arrays(tmp_path, dtype, prefix,
 
 
 def test_records_of_other_shards_are_not_parsed(tmp_path, monkeypatch):
-    lines = ['{"text": "r0"}', "", "{not json", '{"text": "r2"}', "  ", '{"other": 1}', '{"text": "r4"}',
-             '{"text": "r5"}']
+    lines = ['{"text": "r0"}', "", "{not json", '{"text": "r2"}', "  ", '{"other": 1}', '{"text": "r4"}', '{"text": "r5"}']
     (tmp_path / "c.jsonl").write_text("\n".join(lines) + "\n")
     src = str(tmp_path / "c.jsonl")
     parsed = []
@@ -114,8 +112,7 @@ def gpt2_store(tmp_path_factory):
     return prepare(tmp, cfg, views=())["manifest"]
 
 
-@pytest.mark.parametrize("seq_len,segment_ids,remainder", [(16, True, "drop"), (16, False, "carry"),
-                                                           (40_000, True, "pad")])
+@pytest.mark.parametrize("seq_len,segment_ids,remainder", [(16, True, "drop"), (16, False, "carry"), (40_000, True, "pad")])
 def test_hf_view_files_equal_what_datasets_writes(tmp_path, gpt2_store, seq_len, segment_ids, remainder):
     """Reference: datasets' own ArrowWriter fed the same record batches, and the DatasetInfo that
     Dataset.from_file reads back, serialized as save_to_disk does."""

@@ -26,7 +26,7 @@ def store_docs(manifest):
             for split in ("train", "val"):
                 toks, offs, ids = (f.get_tensor(f"{split}.{k}") for k in ("tokens", "offsets", "doc_ids"))
                 for i, d in enumerate(ids):
-                    out[int(d)] = (split, toks[offs[i]:offs[i + 1]].tolist())
+                    out[int(d)] = (split, toks[offs[i] : offs[i + 1]].tolist())
     return out
 
 
@@ -107,8 +107,7 @@ def test_store_refuses_shards_from_two_tokenizers(tmp_path, prepared):
 def test_store_refuses_shards_made_with_other_data_settings(tmp_path, prepared):
     a, b = tmp_path / "shard-00000.safetensors", tmp_path / "shard-00001.safetensors"
     tokenize_shard(prepared["cfg"], prepared["sources"], 0, prepared["tokenizer"], a)
-    tokenize_shard(merge(prepared["cfg"], {"data": {"val_fraction": 0.5}}), prepared["sources"], 1,
-                   prepared["tokenizer"], b)
+    tokenize_shard(merge(prepared["cfg"], {"data": {"val_fraction": 0.5}}), prepared["sources"], 1, prepared["tokenizer"], b)
     with pytest.raises(ValueError, match="data setup"):
         build_manifest([a, b], tmp_path / "manifest.json")
 
@@ -170,8 +169,10 @@ def read_litgpt(path):
 
 @pytest.mark.parametrize("remainder", ["drop", "pad", "carry"])
 def test_every_view_conserves_tokens_under_each_policy(tmp_path, prepared, remainder):
-    cfg = merge(prepared["cfg"], {"data": {"remainder": remainder, "val_remainder": remainder, "shuffle": False,
-                                           "litgpt_sequences_per_file": 7}})
+    cfg = merge(
+        prepared["cfg"],
+        {"data": {"remainder": remainder, "val_remainder": remainder, "shuffle": False, "litgpt_sequences_per_file": 7}},
+    )
     store = TokenStore(prepared["manifest"])
     seq = cfg["train"]["seq_len"]
     for split, folder in (("train", "train"), ("val", "validation")):
@@ -181,8 +182,9 @@ def test_every_view_conserves_tokens_under_each_policy(tmp_path, prepared, remai
         build_view(prepared["manifest"], "hf", tmp_path / "hf", cfg)
         rows = datasets.load_from_disk(str(tmp_path / "hf" / split)).with_format("numpy")[:]
         got = rows["input_ids"][rows["attention_mask"] == 1]
-        expect = {"drop": stream[: n - rest], "pad": stream,
-                  "carry": np.concatenate([stream, stream[: (seq - rest) % seq]])}[remainder]
+        expect = {"drop": stream[: n - rest], "pad": stream, "carry": np.concatenate([stream, stream[: (seq - rest) % seq]])}[
+            remainder
+        ]
         assert got.tolist() == expect.tolist()
         # litgpt view: blocks of seq_len + 1
         build_view(prepared["manifest"], "litgpt", tmp_path / "lit", cfg)
@@ -192,10 +194,11 @@ def test_every_view_conserves_tokens_under_each_policy(tmp_path, prepared, remai
         block = seq + 1
         assert flat.size % (block * 7) == 0
         r = n % block
-        lit_expect = {"drop": stream[: n - r], "pad": stream,
-                      "carry": np.concatenate([stream, stream[: (block - r) % block]])}[remainder]
+        lit_expect = {"drop": stream[: n - r], "pad": stream, "carry": np.concatenate([stream, stream[: (block - r) % block]])}[
+            remainder
+        ]
         assert flat[: lit_expect.size].tolist() == lit_expect.tolist()
-        assert (flat[lit_expect.size:] == store.eos_id).all()  # pad policy and file padding
+        assert (flat[lit_expect.size :] == store.eos_id).all()  # pad policy and file padding
 
 
 def read_megatron_index(path):
@@ -217,8 +220,11 @@ def test_megatron_view_holds_every_document_and_loads_in_megatron_core(tmp_path,
     info = build_view(prepared["manifest"], "megatron", tmp_path / "mg", prepared["cfg"])
     docs, store = store_docs(prepared["manifest"]), TokenStore(prepared["manifest"])
     for split in ("train", "val"):
-        order = [int(d) for e in store.manifest["shards"]  # documents in shard order, then record order
-                 for d in safe_open(str(store.root / e["file"]), framework="numpy").get_tensor(f"{split}.doc_ids")]
+        order = [
+            int(d)
+            for e in store.manifest["shards"]  # documents in shard order, then record order
+            for d in safe_open(str(store.root / e["file"]), framework="numpy").get_tensor(f"{split}.doc_ids")
+        ]
         assert sorted(order) == sorted(d for d, (s, _) in docs.items() if s == split)
         want = [docs[d][1] for d in order]
         prefix = tmp_path / "mg" / f"{split}_text_document"
@@ -233,16 +239,30 @@ def test_megatron_view_holds_every_document_and_loads_in_megatron_core(tmp_path,
         assert len(ds) == len(want) and ds.document_indices.tolist() == doc_index.tolist()
         assert all(ds[i].tolist() == want[i] for i in range(len(want)))
         assert info[split]["documents"] == len(want) and info[split]["tokens"] == flat.size
-    stats = verify(prepared["manifest"], [tmp_path / "mg"], prepared["tokenizer"], prepared["root"] / "sources.json",
-                   prepared["cfg"]["data"], tmp_path / "stats.json", sample=0)
+    stats = verify(
+        prepared["manifest"],
+        [tmp_path / "mg"],
+        prepared["tokenizer"],
+        prepared["root"] / "sources.json",
+        prepared["cfg"]["data"],
+        tmp_path / "stats.json",
+        sample=0,
+    )
     assert stats["views"]["megatron"]["conservation"]["train"]["tokens_checked"] == stats["tokens"]["train"]
     bin_file = tmp_path / "mg" / "val_text_document.bin"  # a changed token is caught
     raw = bytearray(bin_file.read_bytes())
     raw[2:4] = struct.pack("<H", (struct.unpack("<H", raw[2:4])[0] + 1) % 500)
     bin_file.write_bytes(bytes(raw))
     with pytest.raises(VerifyError, match="megatron/val"):
-        verify(prepared["manifest"], [tmp_path / "mg"], prepared["tokenizer"], prepared["root"] / "sources.json",
-               prepared["cfg"]["data"], tmp_path / "stats2.json", sample=0)
+        verify(
+            prepared["manifest"],
+            [tmp_path / "mg"],
+            prepared["tokenizer"],
+            prepared["root"] / "sources.json",
+            prepared["cfg"]["data"],
+            tmp_path / "stats2.json",
+            sample=0,
+        )
 
 
 def test_shuffle_is_seeded_and_a_permutation(tmp_path, prepared):
@@ -259,8 +279,14 @@ def test_shuffle_is_seeded_and_a_permutation(tmp_path, prepared):
 def test_verify_proves_conservation_and_catches_tampering(tmp_path, prepared):
     root = prepared["root"]
     views = [prepared["view"], prepared["litgpt"]]
-    stats = verify(prepared["manifest"], views, prepared["tokenizer"], root / "sources.json", prepared["cfg"]["data"],
-                   tmp_path / "stats.json")
+    stats = verify(
+        prepared["manifest"],
+        views,
+        prepared["tokenizer"],
+        root / "sources.json",
+        prepared["cfg"]["data"],
+        tmp_path / "stats.json",
+    )
     assert stats["tokenization"]["documents_retokenized"] == 60
     assert stats["views"]["hf"]["conservation"]["val"]["tokens_checked"] == stats["tokens"]["val"]
     assert all(len(v["sha256"]) == 64 for v in stats["files"].values())
@@ -273,11 +299,18 @@ def test_verify_proves_conservation_and_catches_tampering(tmp_path, prepared):
     ds = datasets.load_from_disk(str(prepared["view"] / "val"))
     first = int(ds[0]["input_ids"][5])
     pos = raw.find(struct.pack("<i", first) + struct.pack("<i", int(ds[0]["input_ids"][6])))
-    raw[pos:pos + 4] = struct.pack("<i", (first + 1) % 500)
+    raw[pos : pos + 4] = struct.pack("<i", (first + 1) % 500)
     arrow.write_bytes(bytes(raw))
     with pytest.raises(VerifyError, match="hf/val"):
-        verify(prepared["manifest"], [tampered], prepared["tokenizer"], root / "sources.json", prepared["cfg"]["data"],
-               tmp_path / "stats2.json", sample=0)
+        verify(
+            prepared["manifest"],
+            [tampered],
+            prepared["tokenizer"],
+            root / "sources.json",
+            prepared["cfg"]["data"],
+            tmp_path / "stats2.json",
+            sample=0,
+        )
 
 
 def test_s3_sources_through_a_local_moto_server(tmp_path, monkeypatch):
@@ -288,19 +321,24 @@ def test_s3_sources_through_a_local_moto_server(tmp_path, monkeypatch):
     server.start()
     try:
         host, port = server.get_host_and_port()
-        for k, v in {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "testing",
-                     "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        for k, v in {
+            "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }.items():
             monkeypatch.setenv(k, v)
         s3 = boto3.client("s3")
         s3.create_bucket(Bucket="corpus")
         docs = corpus_docs(9)
         for i in range(3):
-            body = "".join(json.dumps({"text": d}) + "\n" for d in docs[i * 3:(i + 1) * 3]).encode()
+            body = "".join(json.dumps({"text": d}) + "\n" for d in docs[i * 3 : (i + 1) * 3]).encode()
             import gzip
 
             s3.put_object(Bucket="corpus", Key=f"train.{i + 1}.jsonl.gz", Body=gzip.compress(body))
-        cfg = tiny_config(tmp_path, data={"sources": ["s3://corpus/train.{1..3}.jsonl.gz"], "num_shards": 2},
-                          tokenizer={"source": str(GPT2)})
+        cfg = tiny_config(
+            tmp_path, data={"sources": ["s3://corpus/train.{1..3}.jsonl.gz"], "num_shards": 2}, tokenizer={"source": str(GPT2)}
+        )
         out = prepare(tmp_path, cfg, views=())
         sources = json.loads((tmp_path / "sources.json").read_text())["sources"]
         assert [s["source"] for s in sources] == [f"s3://corpus/train.{i}.jsonl.gz" for i in (1, 2, 3)]
@@ -327,8 +365,14 @@ def test_more_shards_than_documents_pack_and_verify(tmp_path):
         root.mkdir()
         write_jsonl(root / "corpus.jsonl", corpus_docs(12))
         out = prepare(root, tiny_config(root, data={"num_shards": n}), views=("hf", "litgpt", "megatron"))
-        stats = verify(out["manifest"], [root / "hf", root / "litgpt", root / "megatron"], out["tokenizer"],
-                       root / "sources.json", out["cfg"]["data"], root / "stats.json")
+        stats = verify(
+            out["manifest"],
+            [root / "hf", root / "litgpt", root / "megatron"],
+            out["tokenizer"],
+            root / "sources.json",
+            out["cfg"]["data"],
+            root / "stats.json",
+        )
         manifest = json.loads(out["manifest"].read_text())
         assert sum(1 for s in manifest["shards"] if s["counts"]["train"]["documents"] == 0) >= (40 - 12 if n == 40 else 0)
         stores[n] = (manifest["totals"], stats["views"]["hf"]["conservation"]["train"]["tokens_checked"])

@@ -31,17 +31,34 @@ def done_run(tmp_path_factory):
     write_jsonl(work / "corpus.jsonl", corpus_docs(30))
     shutil.copytree(GPT2, work / "tok")
     torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(vocab_size=50304, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                 num_attention_heads=4, num_key_value_heads=2)).save_pretrained(work / "base")
+    LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=50304,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    ).save_pretrained(work / "base")
     (work / "base" / "README.md").write_text("a base model\n")
-    cfg = {"data": {"sources": ["corpus.jsonl"], "num_shards": 1, "val_fraction": 0.1},
-           "tokenizer": {"source": "tok"}, "model": {"init_from": "base"}, "train": {"seq_len": 64}}
+    cfg = {
+        "data": {"sources": ["corpus.jsonl"], "num_shards": 1, "val_fraction": 0.1},
+        "tokenizer": {"source": "tok"},
+        "model": {"init_from": "base"},
+        "train": {"seq_len": 64},
+    }
     (work / "c.yaml").write_text(yaml.safe_dump(cfg))
     targets = ["results/default/checkpoints/init", "results/default/data/stats.json"]
 
     def snakemake(*args):
-        return subprocess.run([sys.executable, "-m", "snakemake", *targets, *args, "--profile", "local",
-                               "--configfile", "c.yaml"], cwd=work, capture_output=True, text=True, timeout=600)
+        return subprocess.run(
+            [sys.executable, "-m", "snakemake", *targets, *args, "--profile", "local", "--configfile", "c.yaml"],
+            cwd=work,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
 
     proc = snakemake()
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -81,11 +98,26 @@ def test_hostfile_and_hardware_file_are_inputs(tmp_path, section, key, rule):
         over["colossal"].update(launcher="colossalai")
         over["train"] = {"backend": "colossal"}
     (tmp_path / "o.yaml").write_text(yaml.safe_dump(over))
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--profile", "local", "--configfile",
-                           str(tmp_path / "o.yaml"), "--config", f"results_dir={tmp_path}/r"], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "-n",
+            "--profile",
+            "local",
+            "--configfile",
+            str(tmp_path / "o.yaml"),
+            "--config",
+            f"results_dir={tmp_path}/r",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    block = proc.stdout[proc.stdout.index(f"rule {rule}:"):].split("\n\n")[0]
+    block = proc.stdout[proc.stdout.index(f"rule {rule}:") :].split("\n\n")[0]
     assert str(path) in re.search(r"input: (.*)", block).group(1)
 
 

@@ -12,9 +12,16 @@ from tests.conftest import REPO, REPO_IGNORE
 SKIP = REPO_IGNORE
 PROFILES = sorted(p.name for p in (REPO / "profiles").iterdir() if (p / "config.v8+.yaml").is_file())
 # Any HTTP(S) call fails fast through a dead proxy; where network namespaces work, there is no network at all.
-OFFLINE_ENV = {**os.environ, "HTTP_PROXY": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9",
-               "http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9", "NO_PROXY": "",
-               "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+OFFLINE_ENV = {
+    **os.environ,
+    "HTTP_PROXY": "http://127.0.0.1:9",
+    "HTTPS_PROXY": "http://127.0.0.1:9",
+    "http_proxy": "http://127.0.0.1:9",
+    "https_proxy": "http://127.0.0.1:9",
+    "NO_PROXY": "",
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+}
 
 
 def _no_network_prefix() -> list[str]:
@@ -46,8 +53,13 @@ def dry_runs(tmp_path_factory):
         work = tmp_path_factory.mktemp(f"dry-{profile}") / "repo"
         shutil.copytree(REPO, work, ignore=SKIP)
         procs[profile] = subprocess.Popen(
-            [*NO_NETWORK, sys.executable, "-m", "snakemake", "-n", "--profile", f"profiles/{profile}"], cwd=work,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=OFFLINE_ENV)
+            [*NO_NETWORK, sys.executable, "-m", "snakemake", "-n", "--profile", f"profiles/{profile}"],
+            cwd=work,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=OFFLINE_ENV,
+        )
     return {profile: (proc, *proc.communicate(timeout=300)) for profile, proc in procs.items()}
 
 
@@ -65,8 +77,7 @@ def test_dry_run_offline(dry_runs, profile):
 
 
 def test_dag_script_writes_mermaid_and_svg(checkout, tmp_path):
-    proc = subprocess.run(["bash", "scripts/dag.sh", str(tmp_path)], cwd=checkout, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(["bash", "scripts/dag.sh", str(tmp_path)], cwd=checkout, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rulegraph = (tmp_path / "rulegraph.mmd").read_text()
     assert "flowchart" in rulegraph

@@ -26,8 +26,17 @@ def tiny_llama(vocab: int, seed: int, tied: bool = True):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    return LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied))
+    return LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=vocab,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            tie_word_embeddings=tied,
+        )
+    )
 
 
 def repo_files(model, tmp: Path, tokenizer: Path | None = None) -> dict:
@@ -43,12 +52,15 @@ def repo_files(model, tmp: Path, tokenizer: Path | None = None) -> dict:
 
 
 def cli(args: list[str], env: dict | None = None, **kw) -> subprocess.CompletedProcess:
-    full = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-            "HF_HUB_DISABLE_TELEMETRY": "1", **(env or {})}
+    full = {
+        **os.environ,
+        "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        **(env or {}),
+    }
     if "HF_HUB_OFFLINE" not in (env or {}):
         full.pop("HF_HUB_OFFLINE", None)
-    return subprocess.run([sys.executable, "-m", "llmpipe", *args], capture_output=True, text=True, env=full,
-                          timeout=300, **kw)
+    return subprocess.run([sys.executable, "-m", "llmpipe", *args], capture_output=True, text=True, env=full, timeout=300, **kw)
 
 
 def no_token_in(*paths: Path, texts: tuple[str, ...] = ()) -> None:
@@ -85,8 +97,7 @@ def hub_models(prepared, tmp_path_factory):
 def test_download_pinned_revision_sharded_tied_token_never_written(hub_models, prepared, tmp_path):
     h = hub_models
     out = tmp_path / "base"
-    cfg = json.dumps({"model": {"init_from": "org/tiny@v1"},
-                      "hub": {"cache_dir": str(h["cache"]), "endpoint": h["hub"].url}})
+    cfg = json.dumps({"model": {"init_from": "org/tiny@v1"}, "hub": {"cache_dir": str(h["cache"]), "endpoint": h["hub"].url}})
     proc = cli(["download-model", "--config", cfg, "--out", str(out)], env={"HF_TOKEN": TOKEN})
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads((out / "hub.json").read_text())
@@ -101,8 +112,9 @@ def test_download_pinned_revision_sharded_tied_token_never_written(hub_models, p
     no_token_in(out, h["cache"], texts=(proc.stdout, proc.stderr))
 
     # init_model continues from it: every weight equal to v1's, embeddings tied.
-    from llmpipe.model.init import init_model
     from transformers import AutoModelForCausalLM
+
+    from llmpipe.model.init import init_model
 
     cfg_init = merge(prepared["cfg"], {"model": {"init_from": str(out)}})
     init_model(cfg_init, prepared["tokenizer"], tmp_path / "init")
@@ -124,27 +136,32 @@ def test_offline_from_cache_and_offline_miss(hub_models, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     n = len(h["hub"].requests)
     offline = {"HF_HUB_OFFLINE": "1"}
-    proc = cli(["download-model", "--model", "org/tiny@v1", "--config", json.dumps(cfg), "--out", str(tmp_path / "off")],
-               env=offline)
+    proc = cli(
+        ["download-model", "--model", "org/tiny@v1", "--config", json.dumps(cfg), "--out", str(tmp_path / "off")], env=offline
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert len(h["hub"].requests) == n  # not one request: served from the cache
     a, b = (json.loads((p / "hub.json").read_text()) for p in (first, tmp_path / "off"))
     assert b["commit"] == h["sha1"] and a["files"] == b["files"]
     # main was never downloaded into this cache: one line saying so, nothing written.
-    proc = cli(["download-model", "--model", "org/tiny", "--config", json.dumps(cfg), "--out", str(tmp_path / "miss")],
-               env=offline)
+    proc = cli(
+        ["download-model", "--model", "org/tiny", "--config", json.dumps(cfg), "--out", str(tmp_path / "miss")], env=offline
+    )
     assert proc.returncode == 1
     lines = [line for line in proc.stderr.splitlines() if line.startswith("llmpipe download-model:")]
     assert len(lines) == 1 and "HF_HUB_OFFLINE=1" in lines[0] and "org/tiny@main" in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "miss").exists()
 
 
-@pytest.mark.parametrize("ref, token, expect", [
-    ("org/gated", None, ["org/gated is gated", "request access on https://huggingface.co/org/gated", "HF_TOKEN"]),
-    ("org/tiny@no-such-tag", TOKEN, ["has no revision 'no-such-tag'"]),
-    ("org/missing", TOKEN, ["org/missing not found", "hf auth login"]),
-    ("org/broken", TOKEN, ["1 of", "weight shards missing"]),
-])
+@pytest.mark.parametrize(
+    "ref, token, expect",
+    [
+        ("org/gated", None, ["org/gated is gated", "request access on https://huggingface.co/org/gated", "HF_TOKEN"]),
+        ("org/tiny@no-such-tag", TOKEN, ["has no revision 'no-such-tag'"]),
+        ("org/missing", TOKEN, ["org/missing not found", "hf auth login"]),
+        ("org/broken", TOKEN, ["1 of", "weight shards missing"]),
+    ],
+)
 def test_errors_are_one_line(hub_models, tmp_path, ref, token, expect):
     h = hub_models
     cfg = {"hub": {"cache_dir": str(tmp_path / "cache"), "endpoint": h["hub"].url}}
@@ -177,9 +194,23 @@ def test_tokenizer_source_as_hub_id(tmp_path):
         # the same through Snakemake: rule tokenizer (a localrule here) gets the hub settings
         conf = tmp_path / "c.yaml"
         conf.write_text(yaml.safe_dump({"run": "r", "results_dir": str(tmp_path / "results"), **cfg}))
-        smk = subprocess.run([sys.executable, "-m", "snakemake", str(tmp_path / "results" / "r" / "tokenizer"),
-                              "--cores", "1", "--nolock", "--configfile", str(conf)], cwd=REPO, capture_output=True,
-                             text=True, timeout=300)
+        smk = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "snakemake",
+                str(tmp_path / "results" / "r" / "tokenizer"),
+                "--cores",
+                "1",
+                "--nolock",
+                "--configfile",
+                str(conf),
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         cfg["tokenizer"]["source"] = "org/nope"
         bad = cli(["tokenizer", "--config", json.dumps(cfg), "--out", str(tmp_path / "bad")])
     assert smk.returncode == 0, smk.stderr[-3000:]
@@ -187,8 +218,7 @@ def test_tokenizer_source_as_hub_id(tmp_path):
     out = tmp_path / "tok"
     for name in ("tokenizer.json", "tokenizer_config.json"):
         assert (out / name).read_bytes() == files[name], name
-    assert json.loads((out / "hub.json").read_text()) == {"source": "hub", "repo_id": "org/gpt2", "revision": "v1",
-                                                          "commit": sha}
+    assert json.loads((out / "hub.json").read_text()) == {"source": "hub", "repo_id": "org/gpt2", "revision": "v1", "commit": sha}
     assert fetched and not any("model.safetensors" in p for p in fetched)
     from llmpipe.data.tokenizer import load_backend
 
@@ -202,17 +232,18 @@ def test_tokenizer_source_as_hub_id(tmp_path):
 def test_gated_model_with_granted_token(hub_models, tmp_path):
     h = hub_models
     cfg = {"hub": {"cache_dir": str(tmp_path / "cache"), "endpoint": h["hub"].url}}
-    proc = cli(["download-model", "--model", "org/gated", "--config", json.dumps(cfg), "--out", str(tmp_path / "o")],
-               env={"HF_TOKEN": TOKEN})
+    proc = cli(
+        ["download-model", "--model", "org/gated", "--config", json.dumps(cfg), "--out", str(tmp_path / "o")],
+        env={"HF_TOKEN": TOKEN},
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads((tmp_path / "o" / "hub.json").read_text())["repo_id"] == "org/gated"
 
 
 def test_dataset_split_slicing(tmp_path):
-    from tests.conftest import corpus_docs, write_jsonl
-
     from llmpipe.data.readers import ReadStats, documents
     from llmpipe.hub.datasets import download_dataset
+    from tests.conftest import corpus_docs, write_jsonl
 
     docs = corpus_docs(40)
     (tmp_path / "ds").mkdir()
@@ -239,10 +270,20 @@ def trained_run(prepared, tmp_path_factory):
     from llmpipe.export import export
 
     tmp = tmp_path_factory.mktemp("run")
-    cfg = merge(prepared["cfg"], {"train": {"max_steps": 6, "eval_interval": 3, "save_interval": 6},
-                                  "hub": {"release": {"repo_id": "me/tiny-llama", "license": "apache-2.0",
-                                                      "data_license": "public domain (Project Gutenberg)",
-                                                      "hardware": "CPU, 2 cores"}}})
+    cfg = merge(
+        prepared["cfg"],
+        {
+            "train": {"max_steps": 6, "eval_interval": 3, "save_interval": 6},
+            "hub": {
+                "release": {
+                    "repo_id": "me/tiny-llama",
+                    "license": "apache-2.0",
+                    "data_license": "public domain (Project Gutenberg)",
+                    "hardware": "CPU, 2 cores",
+                }
+            },
+        },
+    )
     from llmpipe import config as cfgmod
 
     cfg = cfgmod.validate(cfg)
@@ -253,14 +294,24 @@ def trained_run(prepared, tmp_path_factory):
 
 
 def test_model_card_states_every_field_and_release_uploads(trained_run, prepared, tmp_path, monkeypatch, caplog):
+    from transformers import AutoModelForCausalLM
+
     from llmpipe.hub.card import build_release, count_parameters
     from llmpipe.hub.release import release
-    from transformers import AutoModelForCausalLM
 
     r, cfg = trained_run["tmp"], trained_run["cfg"]
     out = tmp_path / "release"
-    build_release(cfg, r / "hf", prepared["manifest"], prepared["root"] / "sources.json", r / "metrics.jsonl",
-                  r / "eval.json", r / "final" / "train_summary.json", out, data_view=prepared["view"])
+    build_release(
+        cfg,
+        r / "hf",
+        prepared["manifest"],
+        prepared["root"] / "sources.json",
+        r / "metrics.jsonl",
+        r / "eval.json",
+        r / "final" / "train_summary.json",
+        out,
+        data_view=prepared["view"],
+    )
     card = (out / "README.md").read_text()
     front = yaml.safe_load(card.split("---")[1])
     assert front["license"] == "apache-2.0" and front["library_name"] == "transformers"
@@ -273,7 +324,10 @@ def test_model_card_states_every_field_and_release_uploads(trained_run, prepared
     assert manifest["tokenizer"]["sha256"] in card and manifest["fingerprint"] in card
     for i, s in enumerate(sources["sources"]):
         counts = manifest["by_source"][str(i)]
-        assert f"| {s['source']} | {s['sha256']} | {s['size']} | - | {counts['train']['tokens']} | {counts['val']['tokens']} |" in card
+        assert (
+            f"| {s['source']} | {s['sha256']} | {s['size']} | - | {counts['train']['tokens']} | {counts['val']['tokens']} |"
+            in card
+        )
     for k, v in cfg["train"].items():
         assert f"| {k} | {v} |" in card, k
     metrics = [json.loads(line) for line in (r / "metrics.jsonl").read_text().splitlines()]
@@ -316,15 +370,27 @@ def test_model_card_states_every_field_and_release_uploads(trained_run, prepared
 
 def test_dry_run_hub_rules(tmp_path):
     conf = tmp_path / "c.yaml"
-    base = {"run": "hubdry", "model": {"init_from": "meta-llama/Llama-2-7b-hf@main"},
-            "hub": {"datasets": [{"name": "slim", "id": "cerebras/SlimPajama-627B", "split": "train[:10%]"}]},
-            "data": {"sources": [{"path": "data/gutenberg-sample-2mb.jsonl.gz", "weight": 0.7, "name": "books"},
-                                 {"path": "results/hubdry/data/hub/slim.parquet", "weight": 0.3}]}}
+    base = {
+        "run": "hubdry",
+        "model": {"init_from": "meta-llama/Llama-2-7b-hf@main"},
+        "hub": {"datasets": [{"name": "slim", "id": "cerebras/SlimPajama-627B", "split": "train[:10%]"}]},
+        "data": {
+            "sources": [
+                {"path": "data/gutenberg-sample-2mb.jsonl.gz", "weight": 0.7, "name": "books"},
+                {"path": "results/hubdry/data/hub/slim.parquet", "weight": 0.3},
+            ]
+        },
+    }
     for enabled in (False, True):
         conf.write_text(yaml.safe_dump(merge(base, {"hub": {"release": {"enabled": enabled, "repo_id": "me/m"}}})))
-        proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--cores", "1", "--configfile", str(conf)],
-                              cwd=REPO, capture_output=True, text=True, timeout=120,
-                              env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        proc = subprocess.run(
+            [sys.executable, "-m", "snakemake", "-n", "--cores", "1", "--configfile", str(conf)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        )
         assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
         jobs = {line.split()[1].rstrip(":") for line in proc.stdout.splitlines() if line.startswith(("rule ", "localrule "))}
         assert {"download_model", "download_dataset", "init_model"} <= jobs
@@ -336,14 +402,36 @@ def test_snakemake_download_model_feeds_tokenizer_and_init(hub_models, tmp_path)
     h = hub_models
     run = tmp_path / "results" / "r"
     conf = tmp_path / "c.yaml"
-    conf.write_text(yaml.safe_dump({
-        "run": "r", "results_dir": str(tmp_path / "results"), "model": {"init_from": "org/tiny@v1"},
-        "tokenizer": {"source": str(run / "checkpoints" / "base")}, "train": {"seq_len": 64},
-        "hub": {"endpoint": h["hub"].url, "cache_dir": str(tmp_path / "cache")}}))
-    proc = subprocess.run([sys.executable, "-m", "snakemake", str(run / "checkpoints" / "init"), "--cores", "2",
-                           "--nolock", "--configfile", str(conf)], cwd=REPO, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "HF_TOKEN": TOKEN,
-                               "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
+    conf.write_text(
+        yaml.safe_dump(
+            {
+                "run": "r",
+                "results_dir": str(tmp_path / "results"),
+                "model": {"init_from": "org/tiny@v1"},
+                "tokenizer": {"source": str(run / "checkpoints" / "base")},
+                "train": {"seq_len": 64},
+                "hub": {"endpoint": h["hub"].url, "cache_dir": str(tmp_path / "cache")},
+            }
+        )
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            str(run / "checkpoints" / "init"),
+            "--cores",
+            "2",
+            "--nolock",
+            "--configfile",
+            str(conf),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "HF_TOKEN": TOKEN, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"},
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert json.loads((run / "checkpoints" / "base" / "hub.json").read_text())["commit"] == h["sha1"]
     from transformers import AutoModelForCausalLM
@@ -378,5 +466,6 @@ def test_interrupted_download_leaves_nothing_and_resumes(hub_models, tmp_path):
     # attempt fetched come from the cache; only the rest (the shard among them) are fetched again.
     first = {r.path.rsplit("/", 1)[-1] for r in hub.requests[first_start:start] if r.method == "GET" and "/resolve/" in r.path}
     assert shard in fetched and len(fetched) == len(set(fetched)) and not set(fetched) & (first - {shard}), (first, fetched)
-    assert record["commit"] == h["sha1"] and (out / shard).read_bytes() == \
-        hub.repos[("model", "org/tiny")].commits[h["sha1"]][shard]
+    assert (
+        record["commit"] == h["sha1"] and (out / shard).read_bytes() == hub.repos[("model", "org/tiny")].commits[h["sha1"]][shard]
+    )

@@ -11,8 +11,10 @@ from llmpipe import launch
 ARGS = ["-m", "llmpipe", "train", "--config", '{"train": {"lr": 0.001}}']
 PY = "/env/bin/python"
 # `scontrol show job -o 77` on a 3-node job (abridged from a real record).
-RECORD = ("JobId=77 JobName=x UserId=root(0) JobState=RUNNING Partition=trn1 NumNodes=3 NumCPUs=384 NumTasks=3 "
-          "CPUs/Task=128 ReqB:S:C:T=0:0:*:* NodeList=trn1-st-[1-2],trn1-dy-7 BatchHost=trn1-st-1 WorkDir=/fsx/run")
+RECORD = (
+    "JobId=77 JobName=x UserId=root(0) JobState=RUNNING Partition=trn1 NumNodes=3 NumCPUs=384 NumTasks=3 "
+    "CPUs/Task=128 ReqB:S:C:T=0:0:*:* NodeList=trn1-st-[1-2],trn1-dy-7 BatchHost=trn1-st-1 WorkDir=/fsx/run"
+)
 
 
 def fake_scontrol(calls):
@@ -22,6 +24,7 @@ def fake_scontrol(calls):
             return RECORD
         assert cmd == ["scontrol", "show", "hostnames", "trn1-st-[1-2],trn1-dy-7"], cmd
         return "trn1-st-1\ntrn1-st-2\ntrn1-dy-7\n"
+
     return run
 
 
@@ -31,7 +34,14 @@ def test_local_one_process_is_plain_python():
 
 def test_local_n_processes_is_torchrun_standalone():
     assert launch.plan(ARGS, 4, 1, "auto", None, python=PY) == [
-        PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "4", *ARGS]
+        PY,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "4",
+        *ARGS,
+    ]
 
 
 def test_allocation_read_from_scontrol_even_without_slurm_env():
@@ -45,19 +55,58 @@ def test_allocation_read_from_scontrol_even_without_slurm_env():
 def test_multi_node_job_runs_one_torchrun_per_node_with_head_and_port():
     alloc = launch.Allocation("77", ["trn1-st-1", "trn1-st-2", "trn1-dy-7"], 128)
     cmd = launch.plan(ARGS, 32, 3, "auto", alloc, python=PY)
-    assert cmd == ["srun", "--overlap", "--kill-on-bad-exit=1", "--nodes=3", "--ntasks=3", "--ntasks-per-node=1",
-                   "--cpus-per-task=128", PY, "-m", "llmpipe", "launch", "--node-task", "--nnodes", "3",
-                   "--nproc-per-node", "32", "--master", "trn1-st-1:29577", "--", *ARGS]
+    assert cmd == [
+        "srun",
+        "--overlap",
+        "--kill-on-bad-exit=1",
+        "--nodes=3",
+        "--ntasks=3",
+        "--ntasks-per-node=1",
+        "--cpus-per-task=128",
+        PY,
+        "-m",
+        "llmpipe",
+        "launch",
+        "--node-task",
+        "--nnodes",
+        "3",
+        "--nproc-per-node",
+        "32",
+        "--master",
+        "trn1-st-1:29577",
+        "--",
+        *ARGS,
+    ]
     # on each node: torchrun with this node's rank from the step's SLURM_NODEID
     node = launch.node_command(ARGS, {"SLURM_NODEID": "2"}, 3, 32, "trn1-st-1:29577", python=PY)
-    assert node == [PY, "-m", "torch.distributed.run", "--nnodes", "3", "--node_rank", "2", "--nproc_per_node", "32",
-                    "--master_addr", "trn1-st-1", "--master_port", "29577", *ARGS]
+    assert node == [
+        PY,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "3",
+        "--node_rank",
+        "2",
+        "--nproc_per_node",
+        "32",
+        "--master_addr",
+        "trn1-st-1",
+        "--master_port",
+        "29577",
+        *ARGS,
+    ]
 
 
 def test_auto_uses_srun_when_the_job_has_several_nodes_and_srun_can_be_forced_on_one():
     two = launch.Allocation("5", ["a", "b"], None)
     assert launch.plan(ARGS, 1, 2, "auto", two, port=4000, python=PY)[:6] == [
-        "srun", "--overlap", "--kill-on-bad-exit=1", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1"]
+        "srun",
+        "--overlap",
+        "--kill-on-bad-exit=1",
+        "--nodes=2",
+        "--ntasks=2",
+        "--ntasks-per-node=1",
+    ]
     one = launch.Allocation("5", ["a"], 2)
     assert launch.plan(ARGS, 2, 1, "auto", one, python=PY)[0] == PY  # one node: torchrun --standalone
     forced = launch.plan(ARGS, 2, 1, "srun", one, python=PY)
@@ -83,18 +132,42 @@ def test_auto_resume_from_the_config_reaches_the_launch_dry_run(tmp_path):
 
     over = tmp_path / "hp.yaml"
     over.write_text("train: {slurm_auto_resume: true}\n")
-    dry = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-p", "--profile", "local", "--configfile", str(over),
-                          "--config", f"results_dir={tmp_path}/r"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    dry = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "-n",
+            "-p",
+            "--profile",
+            "local",
+            "--configfile",
+            str(over),
+            "--config",
+            f"results_dir={tmp_path}/r",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert dry.returncode == 0, dry.stderr[-2000:]
-    assert (f"llmpipe launch --nproc-per-node 1 --nnodes 1 --launcher auto --auto-resume --lock {tmp_path}/r/default/"
-            "checkpoints/torch -- -m llmpipe torch-train") in dry.stdout
+    assert (
+        f"llmpipe launch --nproc-per-node 1 --nnodes 1 --launcher auto --auto-resume --lock {tmp_path}/r/default/"
+        "checkpoints/torch -- -m llmpipe torch-train"
+    ) in dry.stdout
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "scontrol").write_text("#!/bin/sh\n[ \"$2\" = job ] && echo 'JobId=9 NodeList=n1 CPUs/Task=4' || echo n1\n")
     (bin_dir / "scontrol").chmod(0o755)
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "9"}
-    out = subprocess.run([sys.executable, "-m", "llmpipe", "launch", "--auto-resume", "--dry-run", "--", "-m", "x"],
-                         capture_output=True, text=True, env=env, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "llmpipe", "launch", "--auto-resume", "--dry-run", "--", "-m", "x"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("srun --auto-resume=1 --overlap --kill-on-bad-exit=1 --nodes=1 --ntasks=1")
 
@@ -109,18 +182,32 @@ def test_wrong_node_count_or_no_slurm_job_is_a_clear_error():
 
 
 def test_nested_srun_drops_the_enclosing_steps_slurm_settings():
-    env = {"SLURM_JOB_ID": "5", "SLURM_CONF": "/c", "SLURM_NTASKS": "1", "SLURM_CPUS_PER_TASK": "2",
-           "SRUN_CPUS_PER_TASK": "2", "SBATCH_EXCLUSIVE": "1", "PATH": "/bin", "PYTHONPATH": "/src"}
+    env = {
+        "SLURM_JOB_ID": "5",
+        "SLURM_CONF": "/c",
+        "SLURM_NTASKS": "1",
+        "SLURM_CPUS_PER_TASK": "2",
+        "SRUN_CPUS_PER_TASK": "2",
+        "SBATCH_EXCLUSIVE": "1",
+        "PATH": "/bin",
+        "PYTHONPATH": "/src",
+    }
     assert launch.srun_env(env) == {"SLURM_JOB_ID": "5", "SLURM_CONF": "/c", "PATH": "/bin", "PYTHONPATH": "/src"}
 
 
 def test_cli_dry_run_and_errors():
     env = {"PATH": "/usr/bin:/bin"}
-    run = lambda *a: subprocess.run([sys.executable, "-m", "llmpipe", "launch", *a], capture_output=True, text=True,
-                                    timeout=60, env=env)
+    run = lambda *a: subprocess.run(
+        [sys.executable, "-m", "llmpipe", "launch", *a], capture_output=True, text=True, timeout=60, env=env
+    )
     ok = run("--nproc-per-node", "2", "--dry-run", "--", "-m", "llmpipe", "train")
-    assert ok.returncode == 0 and ok.stdout.split()[1:6] == ["-m", "torch.distributed.run", "--standalone",
-                                                             "--nproc_per_node", "2"]
+    assert ok.returncode == 0 and ok.stdout.split()[1:6] == [
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+    ]
     bad = run("--nnodes", "2", "--dry-run", "--", "-m", "llmpipe", "train")
     assert bad.returncode == 1 and "needs a Slurm job (SLURM_JOB_ID is not set)" in bad.stderr
     assert "give the python arguments after `--`" in run("--dry-run").stderr
@@ -129,8 +216,9 @@ def test_cli_dry_run_and_errors():
 def test_fail_once_hook_fails_exactly_the_named_command_once(tmp_path):
     marker = tmp_path / "m"
     env = {"PATH": "/usr/bin:/bin", "LLMPIPE_FAIL_ONCE": f"check-config:{marker}"}
-    run = lambda cmd: subprocess.run([sys.executable, "-m", "llmpipe", cmd, "--help"], capture_output=True, text=True,
-                                     timeout=60, env=env)
+    run = lambda cmd: subprocess.run(
+        [sys.executable, "-m", "llmpipe", cmd, "--help"], capture_output=True, text=True, timeout=60, env=env
+    )
     assert run("launch").returncode == 0 and not marker.exists()  # another command: untouched
     first = run("check-config")
     assert first.returncode == 1 and "failing once on purpose" in first.stderr and marker.exists()

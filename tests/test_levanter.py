@@ -38,17 +38,39 @@ def run_config() -> dict:
         "run": "lev",
         "data": {"max_records_per_source": 120},
         "tokenizer": {"vocab_size": 1024},
-        "model": {"hidden_size": 64, "intermediate_size": 192, "num_hidden_layers": 2, "num_attention_heads": 4,
-                  "num_key_value_heads": 2},
-        "train": {"backend": "levanter", "seq_len": SEQ, "global_batch_size": 8, "micro_batch_size": 8,
-                  "max_steps": STEPS, "warmup_steps": 4, "save_interval": SAVE, "eval_interval": 20},
+        "model": {
+            "hidden_size": 64,
+            "intermediate_size": 192,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+        },
+        "train": {
+            "backend": "levanter",
+            "seq_len": SEQ,
+            "global_batch_size": 8,
+            "micro_batch_size": 8,
+            "max_steps": STEPS,
+            "warmup_steps": 4,
+            "save_interval": SAVE,
+            "eval_interval": 20,
+        },
         "levanter": {"python": str(LEV_PY), "jax_platforms": "cpu"},
     }
 
 
 def snakemake(cwd, *args, timeout=900, popen=False):
-    cmd = [sys.executable, "-m", "snakemake", "--profile", "profiles/local", "--configfile", "config/config.yaml",
-           "lev.yaml", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--profile",
+        "profiles/local",
+        "--configfile",
+        "config/config.yaml",
+        "lev.yaml",
+        *args,
+    ]
     if popen:
         return subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
@@ -56,41 +78,100 @@ def snakemake(cwd, *args, timeout=900, popen=False):
 
 def test_config_mapping(tmp_path):
     """Every shared hyperparameter lands in Levanter's config under its documented name."""
-    cfg = cfgmod.validate({
-        "run": "r1",
-        "model": {"hidden_size": 96, "intermediate_size": 200, "num_hidden_layers": 3, "num_attention_heads": 6,
-                  "num_key_value_heads": 3, "rope_theta": 5e5, "rms_norm_eps": 1e-6, "tie_word_embeddings": True},
-        "train": {"seq_len": 512, "global_batch_size": 64, "micro_batch_size": 4, "lr": 2e-3, "min_lr": 5e-4,
-                  "warmup_steps": 7, "max_steps": 333, "weight_decay": 0.05, "beta1": 0.8, "beta2": 0.99,
-                  "eps": 1e-7, "grad_clip": 0.5, "save_interval": 30, "eval_interval": 25, "seed": 99,
-                  "precision": "bf16"},
-        "eval": {"batch_size": 3},
-        "levanter": {"run_id": "fixed-id", "save_minutes": 7, "extra": {"trainer": {"max_eval_batches": 5}}},
-    })
+    cfg = cfgmod.validate(
+        {
+            "run": "r1",
+            "model": {
+                "hidden_size": 96,
+                "intermediate_size": 200,
+                "num_hidden_layers": 3,
+                "num_attention_heads": 6,
+                "num_key_value_heads": 3,
+                "rope_theta": 5e5,
+                "rms_norm_eps": 1e-6,
+                "tie_word_embeddings": True,
+            },
+            "train": {
+                "seq_len": 512,
+                "global_batch_size": 64,
+                "micro_batch_size": 4,
+                "lr": 2e-3,
+                "min_lr": 5e-4,
+                "warmup_steps": 7,
+                "max_steps": 333,
+                "weight_decay": 0.05,
+                "beta1": 0.8,
+                "beta2": 0.99,
+                "eps": 1e-7,
+                "grad_clip": 0.5,
+                "save_interval": 30,
+                "eval_interval": 25,
+                "seed": 99,
+                "precision": "bf16",
+            },
+            "eval": {"batch_size": 3},
+            "levanter": {"run_id": "fixed-id", "save_minutes": 7, "extra": {"trainer": {"max_eval_batches": 5}}},
+        }
+    )
     t, m = cfg["train"], cfg["model"]
     out = levanter_config(cfg, tmp_path / "cache", tmp_path / "ref", tmp_path / "out")
     tr, opt, mod = out["trainer"], out["optimizer"], out["model"]
     assert (tr["train_batch_size"], tr["per_device_parallelism"], tr["per_device_eval_parallelism"]) == (
-        t["global_batch_size"], t["micro_batch_size"], cfg["eval"]["batch_size"])
+        t["global_batch_size"],
+        t["micro_batch_size"],
+        cfg["eval"]["batch_size"],
+    )
     assert (tr["num_train_steps"], tr["steps_per_eval"], tr["seed"], tr["id"]) == (
-        t["max_steps"], t["eval_interval"], t["seed"], "fixed-id")
+        t["max_steps"],
+        t["eval_interval"],
+        t["seed"],
+        "fixed-id",
+    )
     assert tr["checkpointer"]["keep"] == [{"every": t["save_interval"]}] and tr["checkpointer"]["save_interval"] == "7m"
     assert tr["max_eval_batches"] == 5 and tr["mp"] == "p=f32,c=bfloat16"
     assert opt["learning_rate"] == t["lr"] and abs(opt["min_lr_ratio"] * t["lr"] - t["min_lr"]) < 1e-12
-    assert (opt["warmup"], opt["lr_schedule"], opt["beta1"], opt["beta2"], opt["epsilon"], opt["weight_decay"],
-            opt["max_grad_norm"]) == (t["warmup_steps"], "cosine", t["beta1"], t["beta2"], t["eps"], t["weight_decay"],
-                                      t["grad_clip"])
-    assert (mod["hidden_dim"], mod["intermediate_dim"], mod["num_layers"], mod["num_heads"], mod["num_kv_heads"],
-            mod["layer_norm_epsilon"], mod["rope"]["theta"], mod["tie_word_embeddings"], mod["max_seq_len"]) == (
-        m["hidden_size"], m["intermediate_size"], m["num_hidden_layers"], m["num_attention_heads"],
-        m["num_key_value_heads"], m["rms_norm_eps"], m["rope_theta"], m["tie_word_embeddings"], t["seq_len"])
+    assert (
+        opt["warmup"],
+        opt["lr_schedule"],
+        opt["beta1"],
+        opt["beta2"],
+        opt["epsilon"],
+        opt["weight_decay"],
+        opt["max_grad_norm"],
+    ) == (t["warmup_steps"], "cosine", t["beta1"], t["beta2"], t["eps"], t["weight_decay"], t["grad_clip"])
+    assert (
+        mod["hidden_dim"],
+        mod["intermediate_dim"],
+        mod["num_layers"],
+        mod["num_heads"],
+        mod["num_kv_heads"],
+        mod["layer_norm_epsilon"],
+        mod["rope"]["theta"],
+        mod["tie_word_embeddings"],
+        mod["max_seq_len"],
+    ) == (
+        m["hidden_size"],
+        m["intermediate_size"],
+        m["num_hidden_layers"],
+        m["num_attention_heads"],
+        m["num_key_value_heads"],
+        m["rms_norm_eps"],
+        m["rope_theta"],
+        m["tie_word_embeddings"],
+        t["seq_len"],
+    )
     assert out["train_seq_len"] == t["seq_len"] and out["hf_save_steps"] == t["max_steps"]
     assert out["data"]["auto_build_caches"] is False and out["data"]["block_cross_document_attention"] is False
     assert out["data"]["tokenizer"] == mod["tokenizer"] == mod["reference_checkpoint"] == str((tmp_path / "ref").resolve())
     assert "initialize_from_hf" not in out  # a new model: Levanter's own init from train.seed
 
-    cont = cfgmod.validate({**cfg, "model": {**cfg["model"], "init_from": str(tmp_path / "base")},
-                            "train": {**t, "grad_clip": 0, "precision": "fp32"}})
+    cont = cfgmod.validate(
+        {
+            **cfg,
+            "model": {**cfg["model"], "init_from": str(tmp_path / "base")},
+            "train": {**t, "grad_clip": 0, "precision": "fp32"},
+        }
+    )
     out = levanter_config(cont, tmp_path / "cache", tmp_path / "ref", tmp_path / "out")
     assert out["initialize_from_hf"] == str((tmp_path / "ref").resolve()) and out["use_hf_model_config"] is True
     assert out["optimizer"]["max_grad_norm"] is None and out["trainer"]["mp"] == "f32"
@@ -110,8 +191,9 @@ def test_changed_settings_refuse_to_resume(tmp_path):
     step.mkdir()
     (step / "metadata.json").write_text("{}")
     check_resume(levanter_config(cfg, tmp_path / "moved-cache", tmp_path / "ref2", tmp_path / "out"))
-    changed = levanter_config(cfgmod.validate({**cfg, "train": {**cfg["train"], "lr": 1e-3}}),
-                              tmp_path / "cache", tmp_path / "ref", tmp_path / "out")
+    changed = levanter_config(
+        cfgmod.validate({**cfg, "train": {**cfg["train"], "lr": 1e-3}}), tmp_path / "cache", tmp_path / "ref", tmp_path / "out"
+    )
     with pytest.raises(ValueError, match=r"optimizer.learning_rate: 0.003 -> 0.001.*levanter.run_id"):
         check_resume(changed)
 
@@ -160,8 +242,14 @@ def trained(tmp_path_factory):
     assert snakemake(work, "--unlock", timeout=120).returncode == 0  # the killed snakemake left its lock
     second = snakemake(work)
     assert second.returncode == 0, second.stdout[-4000:] + second.stderr[-4000:]
-    return {"work": work, "run": run, "saved": saved, "first_log": first_log,
-            "log": (log_dir / "train_levanter.log").read_text(), "seconds": time.monotonic() - t0}
+    return {
+        "work": work,
+        "run": run,
+        "saved": saved,
+        "first_log": first_log,
+        "log": (log_dir / "train_levanter.log").read_text(),
+        "seconds": time.monotonic() - t0,
+    }
 
 
 @pytest.mark.slow
@@ -171,8 +259,11 @@ def test_rerun_resumes_from_checkpoint(trained):
     assert last < STEPS - 1
     assert "No checkpoint found" in trained["first_log"]
     assert f"Loading checkpoint from {trained['run'] / 'checkpoints/levanter/checkpoints/lev'}/step-{last}" in trained["log"]
-    steps = [json.loads(line.split("levanter.json_logger ", 1)[1])["step"] for line in trained["log"].splitlines()
-             if '"event": "log"' in line and '"train/loss"' in line]
+    steps = [
+        json.loads(line.split("levanter.json_logger ", 1)[1])["step"]
+        for line in trained["log"].splitlines()
+        if '"event": "log"' in line and '"train/loss"' in line
+    ]
     assert steps and min(steps) > last and max(steps) == STEPS - 1, (last, steps[:3], steps[-3:])
     summary = json.loads((trained["run"] / "checkpoints/levanter/final/train_summary.json").read_text())
     assert summary["resumed_from"].endswith(f"step-{last}") and summary["steps"] == STEPS
@@ -197,8 +288,10 @@ def test_loss_falls_and_export_loads(trained):
     ids = tok("It was a dark and stormy night", return_tensors="pt")["input_ids"]
     with torch.no_grad():
         assert torch.isfinite(model(ids).logits).all()
-    ours, levanter = load_file(hf / "model.safetensors"), load_file(
-        trained["run"] / "checkpoints/levanter/final/model.safetensors")
+    ours, levanter = (
+        load_file(hf / "model.safetensors"),
+        load_file(trained["run"] / "checkpoints/levanter/final/model.safetensors"),
+    )
     assert set(ours) >= set(levanter) and all(torch.equal(ours[k], levanter[k].float()) for k in levanter)
 
 
@@ -245,8 +338,13 @@ def test_cache_holds_exactly_the_store(trained, tmp_path):
         "    out[split + '_lengths'] = np.array([len(d) for d in docs])\n"
         "np.savez(sys.argv[2], **out)\n"
     )
-    proc = subprocess.run([str(LEV_PY), "-c", script, str(run / "data/views/levanter"), str(dump)],
-                          capture_output=True, text=True, timeout=300, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    proc = subprocess.run(
+        [str(LEV_PY), "-c", script, str(run / "data/views/levanter"), str(dump)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = np.load(dump)
     store = TokenStore(run / "data/tokens/manifest.json")
@@ -266,10 +364,26 @@ def test_finished_run_is_a_no_op(trained, tmp_path):
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
     run = trained["run"]
     env = {**os.environ, "PYTHONPATH": str(trained["work"] / "src")}
-    proc = subprocess.run([str(LEV_PY), "-m", "llmpipe", "levanter-train", "--levanter-config",
-                           str(run / "train/levanter/config.yaml"), "--out", str(tmp_path / "final"),
-                           "--jax-platforms", "cpu"], capture_output=True, text=True, timeout=300, env=env)
+    proc = subprocess.run(
+        [
+            str(LEV_PY),
+            "-m",
+            "llmpipe",
+            "levanter-train",
+            "--levanter-config",
+            str(run / "train/levanter/config.yaml"),
+            "--out",
+            str(tmp_path / "final"),
+            "--jax-platforms",
+            "cpu",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "already finished" in proc.stderr and "levanter.main.train_lm" not in proc.stderr
     assert (tmp_path / "final/model.safetensors").read_bytes() == (
-        run / "checkpoints/levanter/final/model.safetensors").read_bytes()
+        run / "checkpoints/levanter/final/model.safetensors"
+    ).read_bytes()

@@ -48,10 +48,17 @@ def corpus(tmp_path_factory):
 
 
 def mixture_config(tmp, num_shards):
-    return tiny_config(tmp, data={"num_shards": num_shards, "sources": [
-        {"path": str(tmp / "books_a.jsonl"), "weight": 0.2, "name": "a"},
-        {"path": str(tmp / "books_{b,c}.jsonl"), "weight": 0.8, "name": "bc"},  # one group, two files
-    ]}, tokenizer={"source": str(GPT2)})
+    return tiny_config(
+        tmp,
+        data={
+            "num_shards": num_shards,
+            "sources": [
+                {"path": str(tmp / "books_a.jsonl"), "weight": 0.2, "name": "a"},
+                {"path": str(tmp / "books_{b,c}.jsonl"), "weight": 0.8, "name": "bc"},  # one group, two files
+            ],
+        },
+        tokenizer={"source": str(GPT2)},
+    )
 
 
 def test_weights_give_token_shares_and_counts_match_store(corpus):
@@ -103,8 +110,11 @@ def test_weights_give_token_shares_and_counts_match_store(corpus):
 
 
 def test_sample_independent_of_shard_count(corpus):
-    m2 = json.loads((corpus / "tokens2" / "manifest.json").read_text()) if (corpus / "tokens2").exists() else \
-        build(corpus, mixture_config(corpus, 2))[0]
+    m2 = (
+        json.loads((corpus / "tokens2" / "manifest.json").read_text())
+        if (corpus / "tokens2").exists()
+        else build(corpus, mixture_config(corpus, 2))[0]
+    )
     m3 = build(corpus, mixture_config(corpus, 3))[0]
     assert m2["by_source"] == m3["by_source"] and m2["by_group"] == m3["by_group"]
 

@@ -14,7 +14,10 @@ def test_new_llama_matches_config_and_tokenizer(prepared):
     m = prepared["cfg"]["model"]
     assert conf.model_type == "llama"
     assert (conf.hidden_size, conf.num_hidden_layers, conf.num_key_value_heads) == (
-        m["hidden_size"], m["num_hidden_layers"], m["num_key_value_heads"])
+        m["hidden_size"],
+        m["num_hidden_layers"],
+        m["num_key_value_heads"],
+    )
     assert conf.vocab_size >= len(tok) and conf.vocab_size % m["vocab_multiple"] == 0
     assert conf.max_position_embeddings == prepared["cfg"]["train"]["seq_len"]
     assert conf.eos_token_id == tok.eos_token_id

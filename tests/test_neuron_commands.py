@@ -27,29 +27,94 @@ PRESETS = ["llama-2-7b-trn1", "llama-3-70b-trn1", "llama-3-70b-trn2"]
 RUN = "results/default"
 # run_llama_nxd.py's argparse (tp/pp family, neuronx-distributed 2.29); it ignores anything else.
 TRAINER_FLAGS = {
-    "--num_microbatches", "--tensor_parallel_size", "--num_layer", "--hidden_size", "--train_batch_size",
-    "--pipeline_parallel_size", "--virtual_pipeline_size", "--kv_replicator", "--seq_len", "--use_flash_attention",
-    "--training_dir", "--training_config", "--trace_file_path", "--tb_dir", "--max_steps", "--checkpoint_freq",
-    "--checkpoint_dir", "--loading_step", "--num_kept_checkpoint", "--save_load_xser", "--pretrained_weight",
-    "--async_checkpoint_saving", "--use_gpu_compatible_precision", "--metrics_file", "--fuse_microbatches",
-    "--weight_decay", "--beta1", "--beta2", "--use_fp32_optimizer", "--use_zero1_optimizer", "--seed", "--use_amp",
-    "--use_deferred_init", "--use_meta_device_init", "--use_selective_checkpoint", "--use_sequence_parallel",
-    "--deallocate_pipeline_outputs", "--qkv_linear", "--fuse_qkv", "--lr", "--warmup_steps", "--constant_steps",
-    "--min_lr", "--logging_interval",
+    "--num_microbatches",
+    "--tensor_parallel_size",
+    "--num_layer",
+    "--hidden_size",
+    "--train_batch_size",
+    "--pipeline_parallel_size",
+    "--virtual_pipeline_size",
+    "--kv_replicator",
+    "--seq_len",
+    "--use_flash_attention",
+    "--training_dir",
+    "--training_config",
+    "--trace_file_path",
+    "--tb_dir",
+    "--max_steps",
+    "--checkpoint_freq",
+    "--checkpoint_dir",
+    "--loading_step",
+    "--num_kept_checkpoint",
+    "--save_load_xser",
+    "--pretrained_weight",
+    "--async_checkpoint_saving",
+    "--use_gpu_compatible_precision",
+    "--metrics_file",
+    "--fuse_microbatches",
+    "--weight_decay",
+    "--beta1",
+    "--beta2",
+    "--use_fp32_optimizer",
+    "--use_zero1_optimizer",
+    "--seed",
+    "--use_amp",
+    "--use_deferred_init",
+    "--use_meta_device_init",
+    "--use_selective_checkpoint",
+    "--use_sequence_parallel",
+    "--deallocate_pipeline_outputs",
+    "--qkv_linear",
+    "--fuse_qkv",
+    "--lr",
+    "--warmup_steps",
+    "--constant_steps",
+    "--min_lr",
+    "--logging_interval",
 }
 
 
 # tp_zero1_llama_hf_pretrain.py's argparse (same release): valued flags, then store_true switches.
 ZERO1_FLAGS = {
-    "--model_path", "--data_dir", "--output_dir", "--metrics_file", "--batch_size", "--max_steps", "--steps_this_run",
-    "--seed", "--lr", "--warmup_steps", "--grad_accum_usteps", "--tensor_parallel_size", "--context_parallel_size",
-    "--seq_len", "--num_layers", "--logging_interval", "--kv_replicator", "--use_gpu_compatible_precision",
-    "--weight_decay", "--beta1", "--beta2", "--checkpoint_freq", "--checkpoint_dir", "--loading_step",
-    "--num_kept_checkpoint", "--hidden_size", "--use_flash_attention", "--fuse_qkv", "--transpose_nki_inputs",
+    "--model_path",
+    "--data_dir",
+    "--output_dir",
+    "--metrics_file",
+    "--batch_size",
+    "--max_steps",
+    "--steps_this_run",
+    "--seed",
+    "--lr",
+    "--warmup_steps",
+    "--grad_accum_usteps",
+    "--tensor_parallel_size",
+    "--context_parallel_size",
+    "--seq_len",
+    "--num_layers",
+    "--logging_interval",
+    "--kv_replicator",
+    "--use_gpu_compatible_precision",
+    "--weight_decay",
+    "--beta1",
+    "--beta2",
+    "--checkpoint_freq",
+    "--checkpoint_dir",
+    "--loading_step",
+    "--num_kept_checkpoint",
+    "--hidden_size",
+    "--use_flash_attention",
+    "--fuse_qkv",
+    "--transpose_nki_inputs",
 }
 ZERO1_SWITCHES = {
-    "--print_grad_norm", "--use_mix_precision", "--use_zero_1", "--sequence_parallel_enabled",
-    "--selective_checkpoint_enabled", "--use_meta_device_init", "--qkv_linear", "--pretrained_weight",
+    "--print_grad_norm",
+    "--use_mix_precision",
+    "--use_zero_1",
+    "--sequence_parallel_enabled",
+    "--selective_checkpoint_enabled",
+    "--use_meta_device_init",
+    "--qkv_linear",
+    "--pretrained_weight",
 }
 
 
@@ -62,8 +127,15 @@ def preset(name: str, **over) -> dict:
 def build(cfg: dict, phase: str) -> str:
     hosts = [f"trn1-{i + 1}" for i in range(cfg["parallel"]["nnodes"])]
     alloc = launch.Allocation("4242", hosts, 128)
-    args = commands.trainer_args(cfg, f"{RUN}/checkpoints/init", f"{RUN}/data/views/hf", f"{RUN}/checkpoints/neuron/nxd",
-                                 f"{RUN}/train/nxd_metrics.json", f"{RUN}/train/tensorboard", phase)
+    args = commands.trainer_args(
+        cfg,
+        f"{RUN}/checkpoints/init",
+        f"{RUN}/data/views/hf",
+        f"{RUN}/checkpoints/neuron/nxd",
+        f"{RUN}/train/nxd_metrics.json",
+        f"{RUN}/train/tensorboard",
+        phase,
+    )
     return commands.render(commands.environment(cfg), commands.command(cfg, args, alloc, phase, python="python"))
 
 
@@ -71,7 +143,7 @@ def trainer_flags(script: str) -> dict[str, str | None]:
     """The trainer's flags in a rendered command; a store_true switch maps to None."""
     cmd = shlex.split(script.strip().splitlines()[-1])
     at = next(i for i, a in enumerate(cmd) if a.endswith(("run_llama_nxd.py", "tp_zero1_llama_hf_pretrain.py")))
-    rest, out, i = cmd[at + 1:], {}, 0
+    rest, out, i = cmd[at + 1 :], {}, 0
     while i < len(rest):
         if i + 1 < len(rest) and not rest[i + 1].startswith("--"):
             out[rest[i]] = rest[i + 1]
@@ -122,8 +194,14 @@ def test_golden_commands_hold_the_batch_arithmetic_and_real_flags(name):
     assert float(flags["--weight_decay"]) == t["weight_decay"] and float(flags["--lr"]) == t["lr"]
     # srun: one task per node; each runs llmpipe's node task (torchrun --nnodes/--node_rank from SLURM_NODEID)
     srun = shlex.split(train.strip().splitlines()[-1])
-    assert srun[:6] == ["srun", "--overlap", "--kill-on-bad-exit=1", f"--nodes={p['nnodes']}",
-                        f"--ntasks={p['nnodes']}", "--ntasks-per-node=1"]
+    assert srun[:6] == [
+        "srun",
+        "--overlap",
+        "--kill-on-bad-exit=1",
+        f"--nodes={p['nnodes']}",
+        f"--ntasks={p['nnodes']}",
+        "--ntasks-per-node=1",
+    ]
     assert srun[srun.index("--master") + 1] == "trn1-1:44000"
     assert srun[srun.index("--nproc-per-node") + 1] == str(p["nproc_per_node"])
     # precompile: the same command, each node's wrapped in neuron_parallel_compile, steps cut, no saving
@@ -172,8 +250,12 @@ def test_every_hyperparameter_reaches_the_trainer_or_is_refused(name, key, value
 
 
 def test_local_precompile_wraps_torchrun_and_s3_cache_uses_the_url():
-    cfg = preset("llama-2-7b-trn1", train={"global_batch_size": 4, "launcher": "local"}, parallel={"nnodes": 1},
-                 neuron={"compile_cache": "s3://bucket/neuron-cache"})
+    cfg = preset(
+        "llama-2-7b-trn1",
+        train={"global_batch_size": 4, "launcher": "local"},
+        parallel={"nnodes": 1},
+        neuron={"compile_cache": "s3://bucket/neuron-cache"},
+    )
     args = commands.trainer_args(cfg, "init", "view", "ckpt", "m.json", "tb", "precompile")
     cmd = commands.command(cfg, args, None, "precompile", python="py")
     assert cmd[:6] == ["neuron_parallel_compile", "py", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node"]
@@ -181,23 +263,50 @@ def test_local_precompile_wraps_torchrun_and_s3_cache_uses_the_url():
     assert env["NEURON_COMPILE_CACHE_URL"] == "s3://bucket/neuron-cache" and "--cache_dir" not in env["NEURON_CC_FLAGS"]
 
 
-@pytest.mark.parametrize("name, over, needle", [
-    ("llama-2-7b-trn1", dict(train={"micro_batch_size": 3}), "train.micro_batch_size 3 must divide the per-replica batch 64"),
-    ("llama-2-7b-trn1", dict(train={"grad_clip": 0.5}), "clips gradients at 1.0"),
-    ("llama-2-7b-trn1", dict(train={"min_lr": 3.0e-5}), "decays the learning rate linearly to 0 at max_steps: train.min_lr"),
-    ("llama-2-7b-trn1", dict(train={"eps": 1.0e-8}), "uses its AdamW's eps 1e-06 (hard-coded): train.eps 1e-08"),
-    ("llama-2-7b-trn1", dict(neuron={"save_xser": False}), "always saves xser checkpoints: neuron.save_xser"),
-    ("llama-2-7b-trn1", dict(neuron={"script": "tp_pp"}), "neuron.script tp_pp (run_llama_nxd.py) cannot train at parallel.pp 1"),
-    ("llama-2-7b-trn1", dict(train={"max_steps": 10500}), "max_steps 10500 must be a multiple of train.save_interval 1000"),
-    ("llama-2-7b-trn1", dict(train={"global_batch_size": 24}), "global_batch_size 24 must be a multiple of data parallelism 16"),
-    ("llama-2-7b-trn1", dict(parallel={"nnodes": 1, "nproc_per_node": 2}), "tp 8 x parallel.pp 1 must divide the 2 NeuronCores"),
-    ("llama-2-7b-trn1", dict(parallel={"zero": 2}), "has ZeRO-1 or none: parallel.zero 2 cannot be honoured"),
-    ("llama-2-7b-trn1", dict(parallel={"activation_checkpointing": False}), "checkpoints selectively or every layer: parallel.activation_checkpointing False"),
-    ("llama-3-70b-trn1", dict(parallel={"activation_checkpointing": True}), "checkpoints selectively or not at all: parallel.activation_checkpointing True"),
-    ("llama-3-70b-trn1", dict(train={"weight_decay": 0.1}), "sets weight decay 0.01 per parameter group (training_utils, hard-coded): train.weight_decay 0.1"),
-    ("llama-3-70b-trn1", dict(neuron={"fp32_optimizer": True}), "uses its AdamW's eps 1e-06 (hard-coded): train.eps 1e-08"),
-    ("llama-3-70b-trn1", dict(neuron={"script": "tp_zero1"}), "neuron.script tp_zero1 has no pipeline"),
-])
+@pytest.mark.parametrize(
+    "name, over, needle",
+    [
+        ("llama-2-7b-trn1", dict(train={"micro_batch_size": 3}), "train.micro_batch_size 3 must divide the per-replica batch 64"),
+        ("llama-2-7b-trn1", dict(train={"grad_clip": 0.5}), "clips gradients at 1.0"),
+        ("llama-2-7b-trn1", dict(train={"min_lr": 3.0e-5}), "decays the learning rate linearly to 0 at max_steps: train.min_lr"),
+        ("llama-2-7b-trn1", dict(train={"eps": 1.0e-8}), "uses its AdamW's eps 1e-06 (hard-coded): train.eps 1e-08"),
+        ("llama-2-7b-trn1", dict(neuron={"save_xser": False}), "always saves xser checkpoints: neuron.save_xser"),
+        (
+            "llama-2-7b-trn1",
+            dict(neuron={"script": "tp_pp"}),
+            "neuron.script tp_pp (run_llama_nxd.py) cannot train at parallel.pp 1",
+        ),
+        ("llama-2-7b-trn1", dict(train={"max_steps": 10500}), "max_steps 10500 must be a multiple of train.save_interval 1000"),
+        (
+            "llama-2-7b-trn1",
+            dict(train={"global_batch_size": 24}),
+            "global_batch_size 24 must be a multiple of data parallelism 16",
+        ),
+        (
+            "llama-2-7b-trn1",
+            dict(parallel={"nnodes": 1, "nproc_per_node": 2}),
+            "tp 8 x parallel.pp 1 must divide the 2 NeuronCores",
+        ),
+        ("llama-2-7b-trn1", dict(parallel={"zero": 2}), "has ZeRO-1 or none: parallel.zero 2 cannot be honoured"),
+        (
+            "llama-2-7b-trn1",
+            dict(parallel={"activation_checkpointing": False}),
+            "checkpoints selectively or every layer: parallel.activation_checkpointing False",
+        ),
+        (
+            "llama-3-70b-trn1",
+            dict(parallel={"activation_checkpointing": True}),
+            "checkpoints selectively or not at all: parallel.activation_checkpointing True",
+        ),
+        (
+            "llama-3-70b-trn1",
+            dict(train={"weight_decay": 0.1}),
+            "sets weight decay 0.01 per parameter group (training_utils, hard-coded): train.weight_decay 0.1",
+        ),
+        ("llama-3-70b-trn1", dict(neuron={"fp32_optimizer": True}), "uses its AdamW's eps 1e-06 (hard-coded): train.eps 1e-08"),
+        ("llama-3-70b-trn1", dict(neuron={"script": "tp_zero1"}), "neuron.script tp_zero1 has no pipeline"),
+    ],
+)
 def test_unmappable_settings_are_refused(name, over, needle):
     with pytest.raises(commands.NeuronConfigError, match=needle.replace("(", r"\(").replace(")", r"\)")):
         commands.check_config(preset(name, **over))
@@ -205,8 +314,13 @@ def test_unmappable_settings_are_refused(name, over, needle):
 
 def snakemake_n(*args):
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    return subprocess.run([sys.executable, "-m", "snakemake", "-n", "--profile", "profiles/slurm-trn1", *args],
-                          cwd=REPO, env=env, capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, "-m", "snakemake", "-n", "--profile", "profiles/slurm-trn1", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
 
 
 @pytest.mark.parametrize("name", PRESETS)
@@ -218,7 +332,7 @@ def test_dry_run_draws_the_whole_trn1_dag(name):
     for rule in ("init_model", "neuron_shard", "neuron_precompile", "train_neuron", "neuron_merge", "export_hf", "evaluate"):
         assert f"rule {rule}:" in out, rule
     for rule in ("neuron_precompile", "train_neuron"):
-        block = out[out.index(f"rule {rule}:"):].split("\n\n")[0]
+        block = out[out.index(f"rule {rule}:") :].split("\n\n")[0]
         assert f"nodes={nodes}, tasks={nodes}" in block and "slurm_extra=--exclusive" in block
 
 

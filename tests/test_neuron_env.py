@@ -21,8 +21,9 @@ def test_dry_run_installs_the_pins_from_neurons_repository():
     assert proc.returncode == 0, proc.stderr
     lines = [line[2:] for line in proc.stdout.splitlines() if line.startswith("+ ")]
     assert "python3 -m venv .venvs/neuron" in lines
-    assert (".venvs/neuron/bin/python -m pip install --extra-index-url https://pip.repos.neuron.amazonaws.com "
-            "-r envs/neuron.txt") in lines
+    assert (
+        ".venvs/neuron/bin/python -m pip install --extra-index-url https://pip.repos.neuron.amazonaws.com -r envs/neuron.txt"
+    ) in lines
     commit = re.search(r"^NXD_COMMIT=([0-9a-f]{40})", SCRIPT.read_text(), re.M).group(1)
     assert f"git -C neuronx-distributed checkout --detach {commit}" in lines
     # the NxD commit the fixtures and notes were read at
@@ -32,6 +33,7 @@ def test_dry_run_installs_the_pins_from_neurons_repository():
 def test_neuron_env_and_the_side_env_pin_the_same_transformers():
     """The side env that proves our config.json (tests/test_neuron_hf_config.py) has the transformers
     the Neuron env installs."""
+
     def pin(path):
         return re.search(r"^transformers==(\S+)", (REPO / path).read_text(), re.M).group(1)
 

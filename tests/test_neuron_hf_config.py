@@ -19,8 +19,17 @@ from tests.conftest import GPT2, REPO
 
 NXD_PY = REPO / ".venvs" / "nxd-hf" / "bin" / "python"
 FIXTURES = REPO / "tests" / "fixtures" / "nxd_configs"
-MEANT = ("rope_theta", "rope_scaling", "tie_word_embeddings", "vocab_size", "num_attention_heads",
-         "num_key_value_heads", "hidden_size", "num_hidden_layers", "max_position_embeddings")
+MEANT = (
+    "rope_theta",
+    "rope_scaling",
+    "tie_word_embeddings",
+    "vocab_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "hidden_size",
+    "num_hidden_layers",
+    "max_position_embeddings",
+)
 READ = f"""
 import json, sys
 from transformers import LlamaConfig, __version__
@@ -81,8 +90,12 @@ def test_init_checkpoint_reads_in_nxd_transformers_as_meant(tmp_path, name, prep
     # a tokenizer that fits the base's rows: GPT-2's 50,257 under Llama-3's 128,256, a small BPE under Llama-2's
     tok = GPT2 if small["vocab_size"] >= 50257 else prepared["tokenizer"]
     cfg = {"model": {"init_from": str(base)}, "train": {"seq_len": 256}}
-    proc = subprocess.run([sys.executable, "-m", "llmpipe", "init-model", "--config", json.dumps(cfg), "--tokenizer",
-                           str(tok), "--out", str(out)], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "llmpipe", "init-model", "--config", json.dumps(cfg), "--tokenizer", str(tok), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert normalise(read_as_nxd(out)) == meant(small)
 
@@ -100,24 +113,50 @@ def test_new_model_from_preset_sizes_reads_as_meant(tmp_path):
     import yaml
 
     preset = yaml.safe_load((REPO / "config/presets/llama-3-70b-trn1.yaml").read_text())["model"]
-    model = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 1, "num_attention_heads": 8,
-             "num_key_value_heads": 2, "rope_theta": preset["rope_theta"], "tie_word_embeddings": True}
+    model = {
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "rope_theta": preset["rope_theta"],
+        "tie_word_embeddings": True,
+    }
     out = tmp_path / "init"
-    proc = subprocess.run([sys.executable, "-m", "llmpipe", "init-model", "--config",
-                           json.dumps({"model": model, "train": {"seq_len": 128}}), "--tokenizer", str(GPT2),
-                           "--out", str(out)], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "llmpipe",
+            "init-model",
+            "--config",
+            json.dumps({"model": model, "train": {"seq_len": 128}}),
+            "--tokenizer",
+            str(GPT2),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = read_as_nxd(out)
     written = json.loads((out / "config.json").read_text())
     assert got["rope_theta"] == preset["rope_theta"] == written["rope_parameters"]["rope_theta"]
     assert got["rope_scaling"] is None and got["tie_word_embeddings"] is True
-    assert (got["num_attention_heads"], got["num_key_value_heads"], got["vocab_size"]) == (
-        8, 2, written["vocab_size"])
+    assert (got["num_attention_heads"], got["num_key_value_heads"], got["vocab_size"]) == (8, 2, written["vocab_size"])
 
 
 def test_legacy_keys_follow_rope_parameters():
-    llama3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-              "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    llama3 = {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
     out = with_legacy_rope({"rope_parameters": llama3, "vocab_size": 7})
     assert out["rope_theta"] == 500000.0 and out["vocab_size"] == 7
     assert out["rope_scaling"] == {**{k: v for k, v in llama3.items() if k != "rope_theta"}, "type": "llama3"}

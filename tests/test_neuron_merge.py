@@ -33,8 +33,13 @@ def write_xser(src: dict, path, nested: bool = False):
     TensorReference.__module__, TensorReference.__qualname__ = "torch_xla.utils.serialization", "TensorReference"
     mod.TensorReference = TensorReference
     saved = {k: sys.modules.get(k) for k in ("torch_xla", "torch_xla.utils", "torch_xla.utils.serialization")}
-    sys.modules.update({"torch_xla": types.ModuleType("torch_xla"), "torch_xla.utils": types.ModuleType("torch_xla.utils"),
-                        "torch_xla.utils.serialization": mod})
+    sys.modules.update(
+        {
+            "torch_xla": types.ModuleType("torch_xla"),
+            "torch_xla.utils": types.ModuleType("torch_xla.utils"),
+            "torch_xla.utils.serialization": mod,
+        }
+    )
     try:
         tensors = path.parent / f"{path.name}.tensors"
         tensors.mkdir(parents=True)
@@ -154,8 +159,10 @@ def test_tied_model_stays_tied_until_training_unties_it(tmp_path):
         torch.save(state, trained / "model" / f"dp_rank_00_tp_rank_{t:02d}_pp_rank_01.pt")
     make_step(tmp_path / "nxd", 2, tmp_path / "nxd", 2, 2, xser=False)
     for t in range(2):
-        shutil.copy(trained / "model" / f"dp_rank_00_tp_rank_{t:02d}_pp_rank_01.pt",
-                    tmp_path / "nxd/step_2/model" / f"dp_rank_00_tp_rank_{t:02d}_pp_rank_01.pt")
+        shutil.copy(
+            trained / "model" / f"dp_rank_00_tp_rank_{t:02d}_pp_rank_01.pt",
+            tmp_path / "nxd/step_2/model" / f"dp_rank_00_tp_rank_{t:02d}_pp_rank_01.pt",
+        )
     summary = merge(tmp_path / "nxd", tmp_path / "untied", dtype="float32")
     got = load_file(tmp_path / "untied/model.safetensors")
     assert summary["tie_word_embeddings"] is False
@@ -168,9 +175,15 @@ def test_layout_mismatch_is_refused(tmp_path):
     shard(tmp_path / "hf", tmp_path / "nxd", Layout(tp=4, pp=1, kv_size_multiplier=2, qkv_linear=True))
     with pytest.raises(ValueError, match="rank files beyond the layout"):
         merge(tmp_path / "nxd", tmp_path / "o1", step="pretrained", layout=Layout(tp=2, pp=1, qkv_linear=True))
-    with pytest.raises(ValueError, match=r"does not match layout qkv_linear .*unexpected \['model.layers.0.self_attn.qkv_proj.weight_qkv'"):
-        merge(tmp_path / "nxd", tmp_path / "o2", step="pretrained",
-              layout=Layout(tp=4, pp=1, kv_size_multiplier=2, qkv_linear=True, fuse_qkv=False))
+    with pytest.raises(
+        ValueError, match=r"does not match layout qkv_linear .*unexpected \['model.layers.0.self_attn.qkv_proj.weight_qkv'"
+    ):
+        merge(
+            tmp_path / "nxd",
+            tmp_path / "o2",
+            step="pretrained",
+            layout=Layout(tp=4, pp=1, kv_size_multiplier=2, qkv_linear=True, fuse_qkv=False),
+        )
     with pytest.raises(FileNotFoundError, match="no complete step_<N>"):
         merge(tmp_path / "nxd", tmp_path / "o3")
 
@@ -185,9 +198,29 @@ def test_cli_shard_then_merge_with_sharded_output_and_tokenizer(tmp_path):
     model = tiny_llama(tmp_path, 8, 2, False)
     env = {"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"}
     shard(tmp_path / "hf", tmp_path / "nxd", Layout(tp=2, pp=2, qkv_linear=True))
-    r = subprocess.run([sys.executable, "-m", "llmpipe", "neuron-merge", "--checkpoint-dir", str(tmp_path / "nxd"),
-                        "--step", "pretrained", "--out", str(tmp_path / "out"), "--tokenizer", str(GPT2),
-                        "--dtype", "float32", "--max-shard-gb", "0.00001"], env=env, capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "llmpipe",
+            "neuron-merge",
+            "--checkpoint-dir",
+            str(tmp_path / "nxd"),
+            "--step",
+            "pretrained",
+            "--out",
+            str(tmp_path / "out"),
+            "--tokenizer",
+            str(GPT2),
+            "--dtype",
+            "float32",
+            "--max-shard-gb",
+            "0.00001",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     index = json.loads((tmp_path / "out/model.safetensors.index.json").read_text())
     files = sorted(set(index["weight_map"].values()))

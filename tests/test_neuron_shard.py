@@ -23,18 +23,18 @@ from llmpipe.backends.neuron.shard import shard
 
 # (heads, kv heads, tp, pp, qkv_linear, fuse_qkv, kv_size_multiplier, tied)
 CASES = [
-    (8, 8, 1, 1, False, False, 1, False),   # MHA, plain q/k/v
-    (8, 8, 2, 2, False, True, 1, False),    # MHA, coalesced qkv_proj
-    (8, 8, 4, 4, False, False, 1, True),    # MHA, separate, tied, uneven pp split (5 layers / 4)
-    (8, 8, 8, 1, False, True, 1, True),     # MHA coalesced at tp 8, tied
-    (8, 8, 8, 2, True, True, 1, False),     # MHA through the GQA QKV layer (kv = tp)
-    (8, 2, 1, 2, False, True, 1, False),    # GQA without qkv_linear at tp 1
-    (8, 2, 2, 1, False, True, 1, True),     # GQA without qkv_linear (fuse_qkv has no effect)
-    (8, 2, 2, 2, True, False, 1, False),    # GQA, qkv_linear, weight_q/k/v
-    (8, 2, 4, 2, True, True, 2, False),     # GQA, kvm 2, fused weight_qkv
-    (8, 2, 8, 4, True, True, 4, True),      # GQA, kvm 4, fused, tied, pp 4
-    (16, 4, 8, 2, True, False, 2, False),   # 2 q heads vs 1 kv head per rank, unfused
-    (16, 2, 8, 1, True, True, 4, False),    # 2 q heads vs 1 kv head per rank, fused (NxD's reverse bug)
+    (8, 8, 1, 1, False, False, 1, False),  # MHA, plain q/k/v
+    (8, 8, 2, 2, False, True, 1, False),  # MHA, coalesced qkv_proj
+    (8, 8, 4, 4, False, False, 1, True),  # MHA, separate, tied, uneven pp split (5 layers / 4)
+    (8, 8, 8, 1, False, True, 1, True),  # MHA coalesced at tp 8, tied
+    (8, 8, 8, 2, True, True, 1, False),  # MHA through the GQA QKV layer (kv = tp)
+    (8, 2, 1, 2, False, True, 1, False),  # GQA without qkv_linear at tp 1
+    (8, 2, 2, 1, False, True, 1, True),  # GQA without qkv_linear (fuse_qkv has no effect)
+    (8, 2, 2, 2, True, False, 1, False),  # GQA, qkv_linear, weight_q/k/v
+    (8, 2, 4, 2, True, True, 2, False),  # GQA, kvm 2, fused weight_qkv
+    (8, 2, 8, 4, True, True, 4, True),  # GQA, kvm 4, fused, tied, pp 4
+    (16, 4, 8, 2, True, False, 2, False),  # 2 q heads vs 1 kv head per rank, unfused
+    (16, 2, 8, 1, True, True, 4, False),  # 2 q heads vs 1 kv head per rank, fused (NxD's reverse bug)
 ]
 LAYERS = 5
 
@@ -42,9 +42,17 @@ LAYERS = 5
 def tiny_llama(tmp, heads, kv, tied, dtype=torch.float32, seed=0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(vocab_size=64, hidden_size=4 * heads, intermediate_size=48, num_hidden_layers=LAYERS,
-                      num_attention_heads=heads, num_key_value_heads=kv, tie_word_embeddings=tied,
-                      max_position_embeddings=64, attn_implementation="eager")
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=4 * heads,
+        intermediate_size=48,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        tie_word_embeddings=tied,
+        max_position_embeddings=64,
+        attn_implementation="eager",
+    )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(cfg)
     with torch.no_grad():  # distinct values everywhere (norms too), so a misplaced row cannot pass
@@ -61,8 +69,7 @@ def case_id(c):
 
 
 def rank_state(ckpt, t, p):
-    return torch.load(ckpt / "pretrained_weight" / "model" / f"dp_rank_00_tp_rank_{t:02d}_pp_rank_{p:02d}.pt",
-                      weights_only=True)
+    return torch.load(ckpt / "pretrained_weight" / "model" / f"dp_rank_00_tp_rank_{t:02d}_pp_rank_{p:02d}.pt", weights_only=True)
 
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)
@@ -220,17 +227,20 @@ def test_pipeline_split_gives_the_remainder_to_later_stages():
 # ---------------------------------------------------------------- validation and inputs
 
 
-@pytest.mark.parametrize("kwargs, heads, kv, needle", [
-    (dict(tp=8, qkv_linear=True, kv_size_multiplier=2), 8, 2, "kv_size_multiplier 2 must equal tp / num_key_value_heads = 4"),
-    (dict(tp=2, qkv_linear=True, kv_size_multiplier=1), 16, 4, "multiple of num_key_value_heads"),
-    (dict(tp=1, qkv_linear=True), 8, 2, "qkv_linear needs tp > 1"),
-    (dict(tp=3), 8, 8, "tp 3 must divide num_attention_heads 8"),
-    (dict(tp=4), 8, 2, "tp 4 must divide num_key_value_heads 2"),
-    (dict(tp=2, kv_size_multiplier=2), 8, 2, "needs qkv_linear"),
-    (dict(tp=2, coalesce_qkv=True), 8, 2, "coalesce_qkv needs MHA"),
-    (dict(tp=2, coalesce_qkv=False), 8, 8, "leave coalesce_qkv null"),
-    (dict(pp=6), 8, 8, "exceed num_hidden_layers 5"),
-])
+@pytest.mark.parametrize(
+    "kwargs, heads, kv, needle",
+    [
+        (dict(tp=8, qkv_linear=True, kv_size_multiplier=2), 8, 2, "kv_size_multiplier 2 must equal tp / num_key_value_heads = 4"),
+        (dict(tp=2, qkv_linear=True, kv_size_multiplier=1), 16, 4, "multiple of num_key_value_heads"),
+        (dict(tp=1, qkv_linear=True), 8, 2, "qkv_linear needs tp > 1"),
+        (dict(tp=3), 8, 8, "tp 3 must divide num_attention_heads 8"),
+        (dict(tp=4), 8, 2, "tp 4 must divide num_key_value_heads 2"),
+        (dict(tp=2, kv_size_multiplier=2), 8, 2, "needs qkv_linear"),
+        (dict(tp=2, coalesce_qkv=True), 8, 2, "coalesce_qkv needs MHA"),
+        (dict(tp=2, coalesce_qkv=False), 8, 8, "leave coalesce_qkv null"),
+        (dict(pp=6), 8, 8, "exceed num_hidden_layers 5"),
+    ],
+)
 def test_invalid_layouts_stop_before_any_file_is_written(tmp_path, kwargs, heads, kv, needle):
     tiny_llama(tmp_path, heads, kv, False)
     with pytest.raises(LayoutError, match=needle.replace("(", r"\(").replace(")", r"\)")):
@@ -248,7 +258,8 @@ def test_sharded_safetensors_and_bin_inputs_give_the_same_shards(tmp_path):
     for f, keys in halves.items():
         save_file({k: sd[k] for k in keys}, tmp_path / "multi" / f)
     (tmp_path / "multi/model.safetensors.index.json").write_text(
-        json.dumps({"weight_map": {k: f for f, ks in halves.items() for k in ks}}))
+        json.dumps({"weight_map": {k: f for f, ks in halves.items() for k in ks}})
+    )
     torch.save(sd, tmp_path / "bin/pytorch_model.bin")
     for d in ("multi", "bin"):
         (tmp_path / d / "config.json").write_text((tmp_path / "hf/config.json").read_text())
@@ -277,5 +288,8 @@ def test_checkpoint_that_is_not_a_llama_is_refused(tmp_path):
     sd["model.layers.0.self_attn.q_proj.bias"] = torch.zeros(32)
     del sd["model.layers.1.mlp.up_proj.weight"]
     save_file({k: v.contiguous() for k, v in sd.items()}, tmp_path / "hf/model.safetensors")
-    with pytest.raises(ValueError, match=r"missing \['model.layers.1.mlp.up_proj.weight'\].*unexpected \['model.layers.0.self_attn.q_proj.bias'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"missing \['model.layers.1.mlp.up_proj.weight'\].*unexpected \['model.layers.0.self_attn.q_proj.bias'\]",
+    ):
         shard(tmp_path / "hf", tmp_path / "nxd", Layout(tp=2))

@@ -26,7 +26,7 @@ from safetensors.torch import load_file
 from tests.conftest import REPO, REPO_IGNORE, corpus_docs, write_jsonl
 
 SKIP = REPO_IGNORE
-FAKE_TRAINER = r'''
+FAKE_TRAINER = r"""
 import argparse, json, os, sys
 from pathlib import Path
 import datasets, torch
@@ -52,7 +52,7 @@ if phase == "train":
         torch.save({k: v + 0.5 for k, v in state.items()}, step / "model" / f.name)
     (step / "checkpoint").write_text("1")
     (step / "done").write_text("1")
-'''
+"""
 
 
 @pytest.mark.slow
@@ -72,19 +72,53 @@ def test_neuron_dag_runs_end_to_end_with_a_fake_trainer(tmp_path):
         "run": "t",
         "data": {"sources": [str(tmp_path / "corpus.jsonl")], "num_shards": 1, "val_fraction": 0.1},
         "tokenizer": {"source": "train", "vocab_size": 512},
-        "model": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4,
-                  "num_key_value_heads": 2},
-        "train": {"backend": "neuron", "seq_len": 64, "global_batch_size": 2, "micro_batch_size": 2, "max_steps": 4,
-                  "save_interval": 2, "launcher": "local", "min_lr": 0.0, "eps": 1.0e-6},
+        "model": {
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 3,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+        },
+        "train": {
+            "backend": "neuron",
+            "seq_len": 64,
+            "global_batch_size": 2,
+            "micro_batch_size": 2,
+            "max_steps": 4,
+            "save_interval": 2,
+            "launcher": "local",
+            "min_lr": 0.0,
+            "eps": 1.0e-6,
+        },
         "parallel": {"tp": 2, "pp": 1, "nproc_per_node": 2},
-        "neuron": {"qkv_linear": True, "kv_size_multiplier": 1,
-                   "nxd_dir": str(tmp_path / "nxd"), "python": sys.executable, "compile_cache": str(tmp_path / "cache"),
-                   "cc_flags": ["--model-type=transformer", "-O1"]},
+        "neuron": {
+            "qkv_linear": True,
+            "kv_size_multiplier": 1,
+            "nxd_dir": str(tmp_path / "nxd"),
+            "python": sys.executable,
+            "compile_cache": str(tmp_path / "cache"),
+            "cc_flags": ["--model-type=transformer", "-O1"],
+        },
     }
     (work / "neuron.yaml").write_text(json.dumps(cfg))
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(work / "src")}
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "results/t/checkpoints/neuron/final", "--profile", "profiles/local",
-                           "--configfile", "neuron.yaml"], cwd=work, env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "results/t/checkpoints/neuron/final",
+            "--profile",
+            "profiles/local",
+            "--configfile",
+            "neuron.yaml",
+        ],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     run = work / "results/t"
     neuron = run / "checkpoints/neuron"
@@ -92,7 +126,9 @@ def test_neuron_dag_runs_end_to_end_with_a_fake_trainer(tmp_path):
     pre, train = (json.loads((neuron / f"fake_{p}.json").read_text()) for p in ("precompile", "train"))
     from tests.test_neuron_commands import trainer_flags
 
-    flags, pflags = (trainer_flags("tp_zero1_llama_hf_pretrain.py " + " ".join(shlex.quote(a) for a in r["argv"])) for r in (train, pre))
+    flags, pflags = (
+        trainer_flags("tp_zero1_llama_hf_pretrain.py " + " ".join(shlex.quote(a) for a in r["argv"])) for r in (train, pre)
+    )
     assert flags["--tensor_parallel_size"] == "2" and flags["--batch_size"] == "2" and flags["--max_steps"] == "4"
     assert flags["--grad_accum_usteps"] == "1" and "--pretrained_weight" in flags
     assert pflags["--steps_this_run"] == "10" and pflags["--checkpoint_freq"] == "-1"
@@ -117,6 +153,22 @@ def test_neuron_dag_runs_end_to_end_with_a_fake_trainer(tmp_path):
     # a changed compiler flag reruns precompile (and what follows it)
     cfg["neuron"]["cc_flags"] = ["--model-type=transformer", "-O2"]
     (work / "neuron.yaml").write_text(json.dumps(cfg))
-    dry = subprocess.run([sys.executable, "-m", "snakemake", "results/t/checkpoints/neuron/final", "-n", "--profile", "profiles/local",
-                          "--configfile", "neuron.yaml"], cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    dry = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "results/t/checkpoints/neuron/final",
+            "-n",
+            "--profile",
+            "profiles/local",
+            "--configfile",
+            "neuron.yaml",
+        ],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert dry.returncode == 0 and "rule neuron_precompile:" in dry.stdout and "rule neuron_shard:" not in dry.stdout

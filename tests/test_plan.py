@@ -36,14 +36,39 @@ def test_parameter_counts_of_the_presets_match_the_published_models():
     assert p70["parameters"] == 70_553_706_496  # meta-llama/Meta-Llama-3-70B
 
 
-@pytest.mark.parametrize("sizes", [
-    dict(vocab_size=512, hidden_size=64, intermediate_size=160, num_hidden_layers=3, num_attention_heads=8,
-         num_key_value_heads=2, tie_word_embeddings=False),
-    dict(vocab_size=320, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-         num_key_value_heads=4, tie_word_embeddings=True),
-    dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-         num_key_value_heads=2, head_dim=32, tie_word_embeddings=False),
-])
+@pytest.mark.parametrize(
+    "sizes",
+    [
+        dict(
+            vocab_size=512,
+            hidden_size=64,
+            intermediate_size=160,
+            num_hidden_layers=3,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            tie_word_embeddings=False,
+        ),
+        dict(
+            vocab_size=320,
+            hidden_size=48,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            tie_word_embeddings=True,
+        ),
+        dict(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            tie_word_embeddings=False,
+        ),
+    ],
+)
 def test_parameter_formula_equals_transformers_and_the_checkpoint(sizes, tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -118,7 +143,9 @@ def test_70b_steps_flops_and_memory_under_tp_pp_zero_checkpointing():
     assert (t["devices"], t["dp"]) == (128, 4) and t["memory_bytes"]["optimizer"] == pytest.approx(12 * shard / 4)
     assert any("trn: training uses 8 of the instance's 32 devices" in w for w in plan["warnings"])
     assert o["dp"] is None and o["fits"] is None  # 8 processes per node on a 5-device instance
-    assert any("odd: 8 processes per node (parallel.nproc_per_node) but the instance has 5 devices" in w for w in plan["warnings"])
+    assert any(
+        "odd: 8 processes per node (parallel.nproc_per_node) but the instance has 5 devices" in w for w in plan["warnings"]
+    )
     lay = plan["layout"]
     assert (lay["backend"], lay["from"], lay["tp"], lay["pp"], lay["zero"]) == ("colossal", "parallel", 8, 4, 1)
     assert lay["activation_checkpointing"] is True
@@ -142,8 +169,14 @@ def test_hardware_table_override_and_errors(tmp_path):
     table = P.load_hardware({"hardware": [], "hardware_file": None})
     assert {"trn1.32xlarge", "p4de.24xlarge", "p5.48xlarge", "tpu-v4-128", "tpu-v5e-256"} <= set(table)
     extra = tmp_path / "hw.yaml"
-    extra.write_text(yaml.safe_dump({"p5.48xlarge": {"price_per_hour": 55.0},
-                                     "mine": {"devices": 4, "peak_tflops": 100, "hbm_gib": 24, "price_per_hour": 1, "mfu": 0.3}}))
+    extra.write_text(
+        yaml.safe_dump(
+            {
+                "p5.48xlarge": {"price_per_hour": 55.0},
+                "mine": {"devices": 4, "peak_tflops": 100, "hbm_gib": 24, "price_per_hour": 1, "mfu": 0.3},
+            }
+        )
+    )
     chosen = P.load_hardware({"hardware": ["p5.48xlarge", "mine"], "hardware_file": str(extra)})
     assert list(chosen) == ["p5.48xlarge", "mine"]
     assert chosen["p5.48xlarge"]["price_per_hour"] == 55.0 and chosen["p5.48xlarge"]["devices"] == 8

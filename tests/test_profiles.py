@@ -36,7 +36,7 @@ def rules_in(stdout: str) -> set[str]:
 
 def shell_config(stdout: str, rule: str) -> dict:
     """The --config JSON of a rule's shell command in a `snakemake -n -p` listing."""
-    block = stdout[stdout.index(f"rule {rule}:"):]
+    block = stdout[stdout.index(f"rule {rule}:") :]
     return json.loads(re.search(r"--config '(\{.*?\})'", block).group(1))
 
 
@@ -57,13 +57,19 @@ def bare_dry_runs(fresh_clone):
         for user in ((), ("--configfile", "lr.yaml")):
             procs[name, bool(user)] = subprocess.Popen(
                 [*NO_NETWORK, sys.executable, "-m", "snakemake", "-n", "-p", "--profile", name, *user],
-                cwd=fresh_clone, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=OFFLINE_ENV)
+                cwd=fresh_clone,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=OFFLINE_ENV,
+            )
     return {key: (p, *p.communicate(timeout=600)) for key, p in procs.items()}
 
 
 def test_bare_names_are_symlinks_a_clone_keeps():
-    staged = subprocess.run(["git", "ls-files", "--stage", *EXPECTED, "slurm-local"], cwd=REPO, capture_output=True,
-                            text=True).stdout.splitlines()
+    staged = subprocess.run(
+        ["git", "ls-files", "--stage", *EXPECTED, "slurm-local"], cwd=REPO, capture_output=True, text=True
+    ).stdout.splitlines()
     modes = {line.split()[-1]: line.split()[0] for line in staged}
     if not modes:
         pytest.skip("not a git checkout")
@@ -92,7 +98,7 @@ def test_trn1_default_continues_from_the_base_with_its_tokenizer_at_4096(bare_dr
     preset = yaml.safe_load((REPO / "config/presets/llama-2-7b-trn1.yaml").read_text())
     base = shell_config(out, "download_model")["model"]["init_from"]
     assert base == preset["model"]["init_from"] and re.fullmatch(r"meta-llama/Llama-2-7b-hf@[0-9a-f]{40}", base)
-    tok = out[out.index("rule tokenizer:"):].split("\n\n")[0]
+    tok = out[out.index("rule tokenizer:") :].split("\n\n")[0]
     assert re.search(r"input: \S+/checkpoints/base", tok)  # the base model's own tokenizer, not a BPE trained here
     assert shell_config(out, "pack_view")["train"]["seq_len"] == 4096
     init = shell_config(out, "init_model")["model"]["init_from"]
@@ -100,28 +106,51 @@ def test_trn1_default_continues_from_the_base_with_its_tokenizer_at_4096(bare_dr
 
 
 def test_the_70b_preset_is_one_flag(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-p", "--profile", "slurm-trn1", "--config",
-                           "preset=llama-3-70b-trn1", f"results_dir={tmp_path}"], cwd=REPO, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "-n",
+            "-p",
+            "--profile",
+            "slurm-trn1",
+            "--config",
+            "preset=llama-3-70b-trn1",
+            f"results_dir={tmp_path}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert shell_config(proc.stdout, "pack_view")["train"]["seq_len"] == 8192
     neuron = shell_config(proc.stdout, "train_neuron")
     preset = yaml.safe_load((REPO / "config/presets/llama-3-70b-trn1.yaml").read_text())
-    assert {k: neuron["parallel"][k] for k in ("tp", "pp")} == {k: preset["parallel"][k] for k in ("tp", "pp")} == {"tp": 32, "pp": 8}
+    assert (
+        {k: neuron["parallel"][k] for k in ("tp", "pp")}
+        == {k: preset["parallel"][k] for k in ("tp", "pp")}
+        == {"tp": 32, "pp": 8}
+    )
     assert neuron["model"]["init_from"] == preset["model"]["init_from"]
 
 
-@pytest.mark.parametrize("profile, user, named", [
-    ("slurm-trn1", ["--configfile", "torch.yaml"], ("'neuron'", "'torch'", "train.backend")),
-    ("tpu", ["--configfile", "torch.yaml"], ("'levanter'", "'torch'", "train.backend")),
-    ("slurm-trn1", ["--config", "preset=llama-2-7b-colossal"], ("'neuron'", "'colossal'", "preset")),
-])
+@pytest.mark.parametrize(
+    "profile, user, named",
+    [
+        ("slurm-trn1", ["--configfile", "torch.yaml"], ("'neuron'", "'torch'", "train.backend")),
+        ("tpu", ["--configfile", "torch.yaml"], ("'levanter'", "'torch'", "train.backend")),
+        ("slurm-trn1", ["--config", "preset=llama-2-7b-colossal"], ("'neuron'", "'colossal'", "preset")),
+    ],
+)
 def test_a_conflicting_backend_stops_before_any_job_naming_both(tmp_path, profile, user, named):
     work = tmp_path / "repo"
     shutil.copytree(REPO, work, ignore=REPO_IGNORE, symlinks=True)
     (work / "torch.yaml").write_text("train: {backend: torch}\n")
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "--profile", profile, *user], cwd=work,
-                          capture_output=True, text=True, timeout=300)  # a real run, not -n
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--profile", profile, *user], cwd=work, capture_output=True, text=True, timeout=300
+    )  # a real run, not -n
     text = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert f"profile '{profile}'" in text and all(n in text for n in named), text[-2000:]
@@ -131,8 +160,9 @@ def test_a_conflicting_backend_stops_before_any_job_naming_both(tmp_path, profil
     if "preset=llama-2-7b-colossal" in user:
         (work / "p.yaml").write_text("preset: llama-2-7b-colossal\n")
         args.append("p.yaml")
-    check = subprocess.run([sys.executable, "-m", "llmpipe", "check-config", *args], cwd=work, capture_output=True,
-                           text=True, timeout=120)
+    check = subprocess.run(
+        [sys.executable, "-m", "llmpipe", "check-config", *args], cwd=work, capture_output=True, text=True, timeout=120
+    )
     assert check.returncode != 0 and all(n in check.stderr for n in named), check.stderr
 
 
@@ -141,8 +171,13 @@ def test_a_profile_sized_for_another_trainer_is_an_error(tmp_path):
     prof = tmp_path / "trn-nobackend"
     prof.mkdir()
     (prof / "config.v8+.yaml").write_text("executor: local\ncores: 1\nset-resources:\n  train_neuron: {mem_mb: 1000}\n")
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--profile", str(prof), "--config",
-                           f"results_dir={tmp_path}/r"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-n", "--profile", str(prof), "--config", f"results_dir={tmp_path}/r"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode != 0
     text = proc.stdout + proc.stderr
     assert "gives resources to train_neuron (train.backend neuron)" in text and "train.backend 'torch'" in text
@@ -164,8 +199,9 @@ def layered_config(profile: str, **user) -> dict:
     return cfgmod.validate(profiles.layered(user, REPO / "profiles" / profile)[0])
 
 
-@pytest.mark.parametrize("profile, preset", [("slurm-trn1", None), ("slurm-trn1", "llama-3-70b-trn1"),
-                                             ("slurm-trn2", None), ("gpu-colossal", None)])
+@pytest.mark.parametrize(
+    "profile, preset", [("slurm-trn1", None), ("slurm-trn1", "llama-3-70b-trn1"), ("slurm-trn2", None), ("gpu-colossal", None)]
+)
 def test_plan_prices_the_layout_training_runs(profile, preset):
     cfg = layered_config(profile, **({"preset": preset} if preset else {}))
     plan = build(cfg, allow_unknown_data=True)
@@ -174,7 +210,11 @@ def test_plan_prices_the_layout_training_runs(profile, preset):
     assert lay["from"] == "parallel" and lay["backend"] == backend
     per_node = p["nproc_per_node"]
     assert (lay["tp"], lay["pp"], lay["zero"], lay["activation_checkpointing"]) == (
-        p["tp"], p["pp"], p["zero"], p["activation_checkpointing"])
+        p["tp"],
+        p["pp"],
+        p["zero"],
+        p["activation_checkpointing"],
+    )
     if backend == "neuron":  # one process per NeuronCore, ZeRO-1, selective checkpointing: NxD's recipes
         assert per_node == {"trn1": 32, "trn2": 64}[cfg["neuron"]["hw_backend"]] and p["zero"] == 1
         assert p["activation_checkpointing"] == "selective"
@@ -184,16 +224,35 @@ def test_plan_prices_the_layout_training_runs(profile, preset):
         assert row["instances"] == p["nnodes"] and row["devices"] == p["nnodes"] * per_node
         assert row["dp"] == row["devices"] // (lay["tp"] * lay["pp"])
     # more nodes in the training config: the plan follows, no separate knob to forget
-    bigger = layered_config(profile, **({"preset": preset} if preset else {}), parallel={"nnodes": 2 * p["nnodes"]},
-                            train={"global_batch_size": 2 * t["global_batch_size"]})
+    bigger = layered_config(
+        profile,
+        **({"preset": preset} if preset else {}),
+        parallel={"nnodes": 2 * p["nnodes"]},
+        train={"global_batch_size": 2 * t["global_batch_size"]},
+    )
     assert build(bigger, allow_unknown_data=True)["hardware"][0]["devices"] == 2 * p["nnodes"] * per_node
 
 
 def test_plan_rule_gets_the_backend_layout(tmp_path):
     """The plan rule's own --config carries the backend section, so the plan job prices the trained layout."""
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-p", "--profile", "slurm-trn1", "--config",
-                           "preset=llama-3-70b-trn1", f"results_dir={tmp_path}"], cwd=REPO, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "-n",
+            "-p",
+            "--profile",
+            "slurm-trn1",
+            "--config",
+            "preset=llama-3-70b-trn1",
+            f"results_dir={tmp_path}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     cfg = cfgmod.validate(shell_config(proc.stdout, "plan"), whole=False)  # a job's slice
     assert parallelism.trained(cfg)["tp"] == 32 == layered_config("slurm-trn1", preset="llama-3-70b-trn1")["parallel"]["tp"]
@@ -237,8 +296,10 @@ def test_planning_dag_labels_say_what_each_rule_asks_for(trn1_dag):
     train = result["labels"]["train_neuron"]
     nodes, res = cfg["parallel"]["nnodes"], prof["set-resources"]["train_neuron"]
     assert train[0] == f"1 job(s) x {nodes} nodes"
-    assert train[1] == (f"{cfg['parallel']['nproc_per_node']} NeuronCores/node, {res['cpus_per_task']} CPUs, "
-                        f"{res['mem_mb'] / 1000:g} GB, {res['runtime'] / 60:g} h, exclusive")
+    assert train[1] == (
+        f"{cfg['parallel']['nproc_per_node']} NeuronCores/node, {res['cpus_per_task']} CPUs, "
+        f"{res['mem_mb'] / 1000:g} GB, {res['runtime'] / 60:g} h, exclusive"
+    )
     plan = result["plan"]
     assert train[2] == f"plan: {cfg['train']['max_steps']:,} steps x {cfg['train']['global_batch_size'] * 4096:,} tokens"
     assert train[3].startswith(f"trn1.32xlarge x {nodes}: ") and f"${plan['hardware'][0]['cost_usd']:,.0f}" in train[3]
@@ -259,9 +320,25 @@ def test_planning_dag_with_graphviz(trn1_dag, tmp_path):
 
 
 def test_dag_cli_writes_the_picture(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "llmpipe", "dag", "--profile", "gpu-colossal", "--out", str(tmp_path),
-                           "--", "--config", f"results_dir={tmp_path}/r"], cwd=REPO, capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "llmpipe",
+            "dag",
+            "--profile",
+            "gpu-colossal",
+            "--out",
+            str(tmp_path),
+            "--",
+            "--config",
+            f"results_dir={tmp_path}/r",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     md = (tmp_path / "planning-dag.md").read_text()
     assert "train_colossal" in md and "8 GPUs/node" in md and "p5.48xlarge x 1:" in md

@@ -56,15 +56,17 @@ def test_hf_dataset_streaming_from_local_folder(tmp_path, docs):
         assert list(iter_documents(data_cfg([f"hf:{folder}"], streaming=streaming))) == docs
 
 
-BAD = (b'{"text": "good one"}\n'
-       b'{"text": "bad \xff\xfe utf8"}\n'
-       b'not json at all\n'
-       b'{"content": "wrong field"}\n'
-       b'{"text": 42}\n'
-       b'{"text": "has a \\u0000 NUL"}\n'
-       b'{"text": "   "}\n'
-       b'{"text": "good two"}\n'
-       b'{"text": "' + b"x" * 200 + b'"}\n')
+BAD = (
+    b'{"text": "good one"}\n'
+    b'{"text": "bad \xff\xfe utf8"}\n'
+    b"not json at all\n"
+    b'{"content": "wrong field"}\n'
+    b'{"text": 42}\n'
+    b'{"text": "has a \\u0000 NUL"}\n'
+    b'{"text": "   "}\n'
+    b'{"text": "good two"}\n'
+    b'{"text": "' + b"x" * 200 + b'"}\n'
+)
 
 
 def test_bad_records_fail_with_location(tmp_path):
@@ -78,8 +80,15 @@ def test_bad_records_skipped_with_exact_counts_and_order_kept(tmp_path):
     stats = ReadStats()
     out = list(iter_documents(data_cfg([tmp_path / "bad.jsonl"], on_bad_record="skip", max_document_chars=100), stats))
     assert out == ["good one", "good two"]
-    assert dict(stats.skipped) == {"invalid_utf8": 1, "bad_json": 1, "missing_field": 1, "not_string": 1,
-                                   "nul_bytes": 1, "empty": 1, "too_long": 1}
+    assert dict(stats.skipped) == {
+        "invalid_utf8": 1,
+        "bad_json": 1,
+        "missing_field": 1,
+        "not_string": 1,
+        "nul_bytes": 1,
+        "empty": 1,
+        "too_long": 1,
+    }
     assert len(stats.examples["bad_json"]) == 1
     assert stats.examples["bad_json"][0].startswith(f"{tmp_path / 'bad.jsonl'}:3: not valid JSON")
 

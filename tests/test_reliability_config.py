@@ -56,8 +56,8 @@ def wrong_values(s: dict):
         cands += [st.text(max_size=5)]
     if "enum" in s:
         cands += [st.text(min_size=1, max_size=8).filter(lambda v: v not in s["enum"])]
-    if "boolean" not in types:
-        cands += [st.booleans()]
+    if "boolean" not in types:  # an enum may list true / false (parallel.activation_checkpointing)
+        cands += [st.booleans().filter(lambda v: not any(v is e for e in s.get("enum", ())))]
     if "array" not in types:
         cands += [st.lists(st.integers(), max_size=2)]
     if "object" not in types:  # free-form objects (levanter.extra) take any keys
@@ -117,10 +117,12 @@ def test_unknown_keys_are_refused_naming_them(section, key, value):
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.one_of(
-    st.sampled_from(["..", ".", "../x", "a/b", "/abs", ".hidden", "a/../b", "x\\y", "", "a b", "~root"]),
-    st.text(min_size=1, max_size=12).filter(lambda t: "/" in t or ".." == t or t.startswith(".")),
-))
+@given(
+    st.one_of(
+        st.sampled_from(["..", ".", "../x", "a/b", "/abs", ".hidden", "a/../b", "x\\y", "", "a b", "~root"]),
+        st.text(min_size=1, max_size=12).filter(lambda t: "/" in t or ".." == t or t.startswith(".")),
+    )
+)
 def test_unsafe_run_names_are_refused(name):
     assert "'run'" in refused(with_value(None, "run", name))
 
@@ -182,7 +184,12 @@ def test_snakemake_refuses_before_any_job(tmp_path, bad, key):
     results = tmp_path / "results"
     cfg = tmp_path / "bad.yaml"
     cfg.write_text(yaml.safe_dump({**bad, "results_dir": str(results)}))
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--cores", "1", "--configfile", str(cfg)], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-n", "--cores", "1", "--configfile", str(cfg)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode != 0 and key in proc.stdout + proc.stderr
     assert not results.exists()

@@ -36,12 +36,31 @@ CANARIES = {
 }
 TINY = {
     "run": "t",
-    "data": {"max_records_per_source": 200, "num_shards": 2, "val_fraction": 0.05, "views": ["hf", "litgpt"], "litgpt_sequences_per_file": 64},
+    "data": {
+        "max_records_per_source": 200,
+        "num_shards": 2,
+        "val_fraction": 0.05,
+        "views": ["hf", "litgpt"],
+        "litgpt_sequences_per_file": 64,
+    },
     "tokenizer": {"vocab_size": 512, "max_train_documents": 200},
-    "model": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-              "num_key_value_heads": 2},
-    "train": {"seq_len": 64, "global_batch_size": 8, "micro_batch_size": 4, "max_steps": 6, "warmup_steps": 2,
-              "save_interval": 3, "eval_interval": 3, "threads": 1},
+    "model": {
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+    },
+    "train": {
+        "seq_len": 64,
+        "global_batch_size": 8,
+        "micro_batch_size": 4,
+        "max_steps": 6,
+        "warmup_steps": 2,
+        "save_interval": 3,
+        "eval_interval": 3,
+        "threads": 1,
+    },
 }
 VIEWS = ("results/t/data/views/hf", "results/t/data/views/litgpt")
 
@@ -57,17 +76,19 @@ def snakemake(cwd, *args, env=None, timeout=600, popen=False):
     cmd = [sys.executable, "-m", "snakemake", *args, "--profile", "profiles/local", "--configfile", "tiny.yaml"]
     env = {**os.environ, **CANARIES, **(env or {})}
     if popen:
-        return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                start_new_session=True)
+        return subprocess.Popen(
+            cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def digests(run):
-    """sha256 of every data-stage file (logs and the views' log-like extras excluded)."""
+    """sha256 of every data-stage file (logs and the views' log-like extras excluded; get_data's hash cache
+    records each source's inode and ctime, which differ between two copies by design)."""
     out = {}
     for p in sorted(run.rglob("*")):
         rel = p.relative_to(run).as_posix()
-        if p.is_file() and rel.startswith(("data/", "tokenizer/")):
+        if p.is_file() and rel.startswith(("data/", "tokenizer/")) and rel != "data/.sources-hashes.json":
             out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
     return out
 
@@ -124,7 +145,7 @@ def test_kill_9_during_data_stage_then_rerun_is_byte_identical(clean, tmp_path, 
     work = tmp_path / "repo"
     shutil.copytree(clean["work"], work, symlinks=True)
     run = work / "results" / "t"
-    for rel in (["tokens", "views"] if stage == "tokenize" else ["views"]):
+    for rel in ["tokens", "views"] if stage == "tokenize" else ["views"]:
         shutil.rmtree(run / "data" / rel)
     watch, pattern = {
         "tokenize": (run / "data" / "tokens", r"^\.shard-\d{5}\.safetensors\.tmp-\d+"),
@@ -140,8 +161,10 @@ def test_kill_9_during_data_stage_then_rerun_is_byte_identical(clean, tmp_path, 
         proc.wait()
     # The kill can land just after the stage's last job finished (the data stages are fast): then the
     # stage must not rerun; otherwise Snakemake marked its job incomplete and must rerun it.
-    outputs = {"tokenize": [run / "data" / "tokens" / f"shard-{i:05d}.safetensors" for i in range(2)],
-               "pack": [run / "data" / "views" / v / "view.json" for v in ("hf", "litgpt")]}[stage]
+    outputs = {
+        "tokenize": [run / "data" / "tokens" / f"shard-{i:05d}.safetensors" for i in range(2)],
+        "pack": [run / "data" / "views" / v / "view.json" for v in ("hf", "litgpt")],
+    }[stage]
     interrupted = not all(o.exists() for o in outputs)
     if interrupted:
         assert (work / ".snakemake" / "incomplete").is_dir() and any((work / ".snakemake" / "incomplete").iterdir())

@@ -26,8 +26,10 @@ from tests.conftest import GPT2, tiny_config
 visible = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), min_size=1, max_size=60)
 lines = st.lists(st.sampled_from(["line", "\r\n", "\n", "\r", " ", "é", "日本", "\t"]), min_size=1, max_size=30)
 good_text = st.one_of(
-    visible.filter(lambda t: t.strip()), lines.map("".join).filter(lambda t: t.strip()),
-    visible.filter(lambda t: t.strip()), lines.map("".join).filter(lambda t: t.strip()),
+    visible.filter(lambda t: t.strip()),
+    lines.map("".join).filter(lambda t: t.strip()),
+    visible.filter(lambda t: t.strip()),
+    lines.map("".join).filter(lambda t: t.strip()),
     st.tuples(st.sampled_from(["huge document ", "x"]), st.integers(20_000, 60_000)).map(lambda p: p[0] * p[1]),
 )
 
@@ -41,15 +43,30 @@ record = st.one_of(
     good_text.map(lambda t: ("good", jline({"text": t, "id": 1}), t)),
     st.sampled_from(["", " ", "\n\t ", "\u3000"]).map(lambda t: ("empty", jline({"text": t}), None)),
     visible.map(lambda t: ("nul_bytes", jline({"text": t + "\x00" + t}), None)),
-    st.one_of(st.integers(), st.none(), st.lists(st.integers(), max_size=3), st.booleans(),
-              st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
-      .map(lambda v: ("not_string", jline({"text": v}), None)),
-    st.one_of(st.just({"txt": "a"}), st.just({}), st.just([1, 2]), st.just("text"), st.just(3))
-      .map(lambda v: ("missing_field", jline(v), None)),
-    st.sampled_from([b'{"text": "unterminated', b'{"text": }', b"{text: 'a'}", b'{"text": "a"} x', b"[",
-                     b'{"text": "a\\q"}', b'{"text": "raw\ttab"']).map(lambda b: ("bad_json", b, None)),
-    st.sampled_from([b'{"text": "caf\xe9"}', b'{"text": "\xff\xfe"}', b'{"text": "ok", "x": "\xc3"}',
-                     b'\x80{"text": "a"}']).map(lambda b: ("invalid_utf8", b, None)),
+    st.one_of(
+        st.integers(),
+        st.none(),
+        st.lists(st.integers(), max_size=3),
+        st.booleans(),
+        st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+    ).map(lambda v: ("not_string", jline({"text": v}), None)),
+    st.one_of(st.just({"txt": "a"}), st.just({}), st.just([1, 2]), st.just("text"), st.just(3)).map(
+        lambda v: ("missing_field", jline(v), None)
+    ),
+    st.sampled_from(
+        [
+            b'{"text": "unterminated',
+            b'{"text": }',
+            b"{text: 'a'}",
+            b'{"text": "a"} x',
+            b"[",
+            b'{"text": "a\\q"}',
+            b'{"text": "raw\ttab"',
+        ]
+    ).map(lambda b: ("bad_json", b, None)),
+    st.sampled_from([b'{"text": "caf\xe9"}', b'{"text": "\xff\xfe"}', b'{"text": "ok", "x": "\xc3"}', b'\x80{"text": "a"}']).map(
+        lambda b: ("invalid_utf8", b, None)
+    ),
     st.sampled_from([b"", b"   ", b"\t"]).map(lambda b: ("blank", b, None)),
 )
 corpus = st.tuples(
@@ -81,8 +98,11 @@ def gpt2(tmp_path_factory):
     return out, AutoTokenizer.from_pretrained(str(GPT2))
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                  HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=20,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(corpus)
 def test_skip_counts_exact_and_good_tokens_in_order(tmp_path, gpt2, sample):
     tok_dir, tok = gpt2
@@ -90,8 +110,11 @@ def test_skip_counts_exact_and_good_tokens_in_order(tmp_path, gpt2, sample):
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir()
     path, records = build(work, *sample)
-    cfg = tiny_config(work, data={"sources": [str(path)], "num_shards": 1, "on_bad_record": "skip", "val_fraction": 0.3},
-                      tokenizer={"source": str(GPT2)})
+    cfg = tiny_config(
+        work,
+        data={"sources": [str(path)], "num_shards": 1, "on_bad_record": "skip", "val_fraction": 0.3},
+        tokenizer={"source": str(GPT2)},
+    )
     tokenize_shard(cfg, [str(path)], 0, tok_dir, work / "tokens" / "shard-00000.safetensors")
     manifest = build_manifest([work / "tokens" / "shard-00000.safetensors"], work / "tokens" / "manifest.json")
 
@@ -104,11 +127,14 @@ def test_skip_counts_exact_and_good_tokens_in_order(tmp_path, gpt2, sample):
     store = TokenStore(work / "tokens" / "manifest.json")
     with safe_open(str(work / "tokens" / "shard-00000.safetensors"), framework="numpy") as f:
         for split in ("train", "val"):
-            want = [(doc_id(0, i), tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id])
-                    for i, text in good if is_validation(0, i, 0.3, 0) == (split == "val")]
+            want = [
+                (doc_id(0, i), tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id])
+                for i, text in good
+                if is_validation(0, i, 0.3, 0) == (split == "val")
+            ]
             offsets, ids = f.get_tensor(f"{split}.offsets"), f.get_tensor(f"{split}.doc_ids")
             stream = store.tokens(split).tolist()
-            got = [(int(d), stream[offsets[k]:offsets[k + 1]]) for k, d in enumerate(ids)]
+            got = [(int(d), stream[offsets[k] : offsets[k + 1]]) for k, d in enumerate(ids)]
             assert got == want
             assert stream == [t for _, toks in want for t in toks]
 

@@ -40,8 +40,17 @@ def base_models(prepared, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("bases")
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=576, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64))
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=576,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+        )
+    )
     model.save_pretrained(str(root / "ref"))
     state = load_file(str(root / "ref" / "model.safetensors"))
     marker = root / "PAYLOAD_RAN"
@@ -55,9 +64,25 @@ def base_models(prepared, tmp_path_factory):
 def init_model(prepared, base, out, allow_pickle):
     cfg = {**prepared["cfg"], "model": {**prepared["cfg"]["model"], "init_from": str(base), "allow_pickle": allow_pickle}}
     env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}:{REPO}"}
-    return subprocess.run([sys.executable, "-m", "llmpipe", "init-model", "--config", json.dumps(cfg), "--tokenizer",
-                           str(prepared["tokenizer"]), "--out", str(out)], capture_output=True, text=True, timeout=300,
-                          env=env, cwd=REPO)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "llmpipe",
+            "init-model",
+            "--config",
+            json.dumps(cfg),
+            "--tokenizer",
+            str(prepared["tokenizer"]),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=REPO,
+    )
 
 
 def test_pickle_weights_refused_unless_allowed(prepared, base_models, tmp_path):
@@ -85,14 +110,19 @@ def test_pickle_weights_refused_unless_allowed(prepared, base_models, tmp_path):
 def remote_code_folder(src, dst, marker, kind):
     """A copy of `src` whose config asks for a local class that creates `marker` on import."""
     shutil.copytree(src, dst)
-    (dst / "custom.py").write_text(f"import pathlib\npathlib.Path({str(marker)!r}).touch()\n"
-                                   "from transformers import PreTrainedTokenizerFast as CustomTokenizer\n"
-                                   "from transformers import LlamaConfig as CustomConfig\n"
-                                   "from transformers import LlamaForCausalLM as CustomModel\n")
+    (dst / "custom.py").write_text(
+        f"import pathlib\npathlib.Path({str(marker)!r}).touch()\n"
+        "from transformers import PreTrainedTokenizerFast as CustomTokenizer\n"
+        "from transformers import LlamaConfig as CustomConfig\n"
+        "from transformers import LlamaForCausalLM as CustomModel\n"
+    )
     name = "tokenizer_config.json" if kind == "tokenizer" else "config.json"
     conf = json.loads((dst / name).read_text())
-    conf["auto_map"] = ({"AutoTokenizer": ["custom.CustomTokenizer", "custom.CustomTokenizer"]} if kind == "tokenizer"
-                        else {"AutoConfig": "custom.CustomConfig", "AutoModelForCausalLM": "custom.CustomModel"})
+    conf["auto_map"] = (
+        {"AutoTokenizer": ["custom.CustomTokenizer", "custom.CustomTokenizer"]}
+        if kind == "tokenizer"
+        else {"AutoConfig": "custom.CustomConfig", "AutoModelForCausalLM": "custom.CustomModel"}
+    )
     (dst / name).write_text(json.dumps(conf))
 
 

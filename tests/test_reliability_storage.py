@@ -22,8 +22,9 @@ from tests.conftest import REPO
 def cli(args, prefix=()):
     env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}:{REPO}"}
     env.pop("LLMPIPE_DEBUG", None)
-    return subprocess.run([*prefix, sys.executable, "-m", "llmpipe", *args], capture_output=True, text=True,
-                          timeout=300, env=env, cwd=REPO)
+    return subprocess.run(
+        [*prefix, sys.executable, "-m", "llmpipe", *args], capture_output=True, text=True, timeout=300, env=env, cwd=REPO
+    )
 
 
 def cannot(reason):
@@ -72,20 +73,56 @@ def one_line_error(proc, command, what, path):
 def commands(prepared, out):
     cfg = json.dumps(prepared["cfg"])
     return {
-        "tokenize": ["tokenize", "--config", cfg, "--sources", str(prepared["root"] / "sources.json"), "--shard", "0",
-                     "--tokenizer", str(prepared["tokenizer"]), "--out", str(out / "tokens" / "shard-00000.safetensors")],
-        "pack": ["pack", "--config", cfg, "--store", str(prepared["manifest"]), "--format", "hf",
-                 "--tokenizer", str(prepared["tokenizer"]), "--out", str(out / "views" / "hf")],
-        "train": ["torch-train", "--config", cfg, "--init", str(prepared["init"]), "--data", str(prepared["view"]),
-                  "--checkpoints", str(out / "ckpt"), "--metrics", str(out / "metrics.jsonl"), "--out", str(out / "final")],
+        "tokenize": [
+            "tokenize",
+            "--config",
+            cfg,
+            "--sources",
+            str(prepared["root"] / "sources.json"),
+            "--shard",
+            "0",
+            "--tokenizer",
+            str(prepared["tokenizer"]),
+            "--out",
+            str(out / "tokens" / "shard-00000.safetensors"),
+        ],
+        "pack": [
+            "pack",
+            "--config",
+            cfg,
+            "--store",
+            str(prepared["manifest"]),
+            "--format",
+            "hf",
+            "--tokenizer",
+            str(prepared["tokenizer"]),
+            "--out",
+            str(out / "views" / "hf"),
+        ],
+        "train": [
+            "torch-train",
+            "--config",
+            cfg,
+            "--init",
+            str(prepared["init"]),
+            "--data",
+            str(prepared["view"]),
+            "--checkpoints",
+            str(out / "ckpt"),
+            "--metrics",
+            str(out / "metrics.jsonl"),
+            "--out",
+            str(out / "final"),
+        ],
     }
 
 
 @pytest.mark.parametrize("command", ["tokenize", "pack", "train"])
 def test_disk_full_is_one_line_naming_the_path(prepared, mount, command):
     point = mount("tiny")
-    proc = cli(commands(prepared, point)[command])
-    one_line_error(proc, command, ("no space left on device", "write failed (disk full?)"), point)
+    argv = commands(prepared, point)[command]
+    proc = cli(argv)
+    one_line_error(proc, argv[0], ("no space left on device", "write failed (disk full?)"), point)
     names = [p.name for p in point.rglob("*")]
     assert not [n for n in names if ".tmp-" in n], names  # temporary files removed
     assert not (point / "tokens" / "shard-00000.safetensors").exists() and not (point / "views" / "hf").exists()

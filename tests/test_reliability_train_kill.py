@@ -30,8 +30,21 @@ OVER = {"train": {"save_interval": 2, "keep_checkpoints": 2}}
 
 
 def train_cmd(prepared, cfg, out):
-    return ["torch-train", "--config", json.dumps(cfg), "--init", str(prepared["init"]), "--data", str(prepared["view"]),
-            "--checkpoints", str(out / "ckpt"), "--metrics", str(out / "metrics.jsonl"), "--out", str(out / "final")]
+    return [
+        "torch-train",
+        "--config",
+        json.dumps(cfg),
+        "--init",
+        str(prepared["init"]),
+        "--data",
+        str(prepared["view"]),
+        "--checkpoints",
+        str(out / "ckpt"),
+        "--metrics",
+        str(out / "metrics.jsonl"),
+        "--out",
+        str(out / "final"),
+    ]
 
 
 def run(cmd, **kw):
@@ -40,8 +53,16 @@ def run(cmd, **kw):
 
 
 def killpoint(prepared, cfg, out, n):
-    return run([sys.executable, str(REPO / "tests" / "_killpoint.py"), str(out / "events.json"), str(n), "--",
-                *train_cmd(prepared, cfg, out)])
+    return run(
+        [
+            sys.executable,
+            str(REPO / "tests" / "_killpoint.py"),
+            str(out / "events.json"),
+            str(n),
+            "--",
+            *train_cmd(prepared, cfg, out),
+        ]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -67,8 +88,15 @@ def check_after_kill(out, setup):
         assert ckpt.STEP_RE.match(p.name) and int(p.name[5:]) in steps or re.match(r"^\.step_\d{8}\.tmp-\d+$", p.name), p
     for step in steps:
         path = ckpt.step_dir(root, step)
-        assert set(os.listdir(path)) == {"model.safetensors", "optimizer.pt", "scheduler.pt", "rng.pt",
-                                          "trainer_state.json", "checksums.json", "done"}
+        assert set(os.listdir(path)) == {
+            "model.safetensors",
+            "optimizer.pt",
+            "scheduler.pt",
+            "rng.pt",
+            "trainer_state.json",
+            "checksums.json",
+            "done",
+        }
         assert ckpt.damaged(path) == []  # sealed: every file matches its recorded sha256
         load_file(str(path / "model.safetensors"))
         for name in ("optimizer.pt", "scheduler.pt", "rng.pt"):
@@ -97,8 +125,11 @@ def resume_and_compare(prepared, setup, out, newest):
 def test_kill_at_seeded_event_then_resume_is_bitwise(prepared, setup, tmp_path, seed, where):
     events = setup["events"]
     # "checkpoint": while a checkpoint's files are being written, with an older complete one before it
-    choices = [i + 1 for i, e in enumerate(events) if where == "any" or
-               e.startswith(("torch.save", "save_model")) and events[:i].count("step:after") > 2]
+    choices = [
+        i + 1
+        for i, e in enumerate(events)
+        if where == "any" or e.startswith(("torch.save", "save_model")) and events[:i].count("step:after") > 2
+    ]
     n = random.Random(seed).choice(choices)
     proc = killpoint(prepared, setup["cfg"], tmp_path, n)
     assert proc.returncode == -signal.SIGKILL, (n, events[n - 1], proc.stderr[-2000:])
@@ -112,8 +143,13 @@ def test_external_kill_9_then_resume_is_bitwise(prepared, setup, tmp_path):
     """A real `kill -9` from outside once the run has logged a seeded number of steps."""
     after = random.Random(3).randint(1, setup["cfg"]["train"]["max_steps"] - 2)
     env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}:{REPO}"}
-    proc = subprocess.Popen([sys.executable, "-m", "llmpipe", *train_cmd(prepared, setup["cfg"], tmp_path)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=REPO)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "llmpipe", *train_cmd(prepared, setup["cfg"], tmp_path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        cwd=REPO,
+    )
     metrics = tmp_path / "metrics.jsonl"
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and proc.poll() is None:

@@ -49,8 +49,11 @@ def moto_url():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(200):
@@ -72,9 +75,15 @@ def aws(moto_url, monkeypatch, tmp_path):
     """Fresh moto state, AWS environment pointing at it, the loopback guard on; clients."""
     urllib.request.urlopen(urllib.request.Request(moto_url + "/moto-api/reset", method="POST"), timeout=5)
     guard_log = tmp_path / "netguard.log"
-    for k, v in {"AWS_ENDPOINT_URL": moto_url, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                 "AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1", "LLMPIPE_NETGUARD_LOG": str(guard_log),
-                 "AWS_EC2_METADATA_DISABLED": "true"}.items():
+    for k, v in {
+        "AWS_ENDPOINT_URL": moto_url,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_REGION": "us-east-1",
+        "LLMPIPE_NETGUARD_LOG": str(guard_log),
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }.items():
         monkeypatch.setenv(k, v)
     for k in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
         monkeypatch.delenv(k, raising=False)
@@ -99,12 +108,27 @@ def test_loopback_guard_refuses_the_outside(aws, tmp_path):
 
 
 def sm_config(tmp: Path, mode: str = "algorithm", instances: int = 2, processes: int | None = None, **over) -> dict:
-    sm = {"mode": mode, "role_arn": ROLE, "s3_prefix": f"s3://{BUCKET}/runs", "region": "us-east-1",
-          "instance_type": "ml.p5.48xlarge", "volume_size_gb": 3, "keep_alive_seconds": 900,
-          "max_runtime_seconds": 7200, "poll_seconds": 0.01, "tags": {"team": "nlp"}, **over}
+    sm = {
+        "mode": mode,
+        "role_arn": ROLE,
+        "s3_prefix": f"s3://{BUCKET}/runs",
+        "region": "us-east-1",
+        "instance_type": "ml.p5.48xlarge",
+        "volume_size_gb": 3,
+        "keep_alive_seconds": 900,
+        "max_runtime_seconds": 7200,
+        "poll_seconds": 0.01,
+        "tags": {"team": "nlp"},
+        **over,
+    }
     sm.setdefault(*(("algorithm_name", ALGORITHM) if mode == "algorithm" else ("image_uri", IMAGE)))
-    return tiny_config(tmp, train={"backend": "sagemaker"}, data={"views": ["hf", "litgpt"]}, sagemaker=sm,
-                       parallel={"nnodes": instances, "nproc_per_node": processes})
+    return tiny_config(
+        tmp,
+        train={"backend": "sagemaker"},
+        data={"views": ["hf", "litgpt"]},
+        sagemaker=sm,
+        parallel={"nnodes": instances, "nproc_per_node": processes},
+    )
 
 
 def tar_folder(folder: Path, arcname: str = "") -> bytes:
@@ -127,14 +151,19 @@ def seed_job(c: dict, request: dict, model_tar: bytes, log_lines: list[str], att
     stream = f"{name}/algo-1-1700000000"
     c["logs"].create_log_stream(logGroupName=jobs.LOG_GROUP, logStreamName=stream)
     now = int(time.time() * 1000)
-    c["logs"].put_log_events(logGroupName=jobs.LOG_GROUP, logStreamName=stream,
-                             logEvents=[{"timestamp": now + i, "message": m} for i, m in enumerate(log_lines)])
+    c["logs"].put_log_events(
+        logGroupName=jobs.LOG_GROUP,
+        logStreamName=stream,
+        logEvents=[{"timestamp": now + i, "message": m} for i, m in enumerate(log_lines)],
+    )
 
 
 def count_calls(client, operation: str) -> list:
     calls = []
-    client.meta.events.register(f"provide-client-params.{client.meta.service_model.service_name}.{operation}",
-                                lambda params, **kw: calls.append(dict(params)))
+    client.meta.events.register(
+        f"provide-client-params.{client.meta.service_model.service_name}.{operation}",
+        lambda params, **kw: calls.append(dict(params)),
+    )
     return calls
 
 
@@ -173,8 +202,12 @@ def test_algorithm_job_request_logs_artifact_and_attach_on_rerun(aws, prepared, 
     assert s3src["S3DataType"] == "S3Prefix" and s3src["S3DataDistributionType"] == "FullyReplicated"
     assert s3src["S3Uri"] == f"s3://{BUCKET}/runs/{cfg['run']}/inputs/train/"
     assert d["OutputDataConfig"]["S3OutputPath"] == f"s3://{BUCKET}/runs/{cfg['run']}/output"
-    assert d["ResourceConfig"] == {"InstanceType": "ml.p5.48xlarge", "InstanceCount": 2, "VolumeSizeInGB": 3,
-                                   "KeepAlivePeriodInSeconds": 900}
+    assert d["ResourceConfig"] == {
+        "InstanceType": "ml.p5.48xlarge",
+        "InstanceCount": 2,
+        "VolumeSizeInGB": 3,
+        "KeepAlivePeriodInSeconds": 900,
+    }
     assert d["StoppingCondition"]["MaxRuntimeInSeconds"] == 7200
     assert d["EnableNetworkIsolation"] is True
     assert d["CheckpointConfig"]["S3Uri"].startswith(f"s3://{BUCKET}/runs/{cfg['run']}/checkpoints/")
@@ -243,7 +276,7 @@ def test_upload_skips_same_checksum_and_removes_stale(aws, prepared, tmp_path):
     files[changed].write_bytes(bytes(raw))
     boto3.client("s3").put_object(Bucket=BUCKET, Key="runs/u/inputs/train/stale.bin", Body=b"old")
     res = upload.sync_folder(s3, view, uri, flat=True)
-    assert [p["Key"] for p in puts[len(files):]] == [f"runs/u/inputs/train/{changed}"]
+    assert [p["Key"] for p in puts[len(files) :]] == [f"runs/u/inputs/train/{changed}"]
     assert res["deleted"] == ["stale.bin"]
     keys = {o["Key"].rsplit("/", 1)[1] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="runs/u/")["Contents"]}
     assert keys == set(files)
@@ -282,16 +315,30 @@ def stubbed():
 
 
 def described(name, status, secondary, **extra):
-    return {"TrainingJobName": name, "TrainingJobArn": f"arn:aws:sagemaker:us-east-1:123456789012:training-job/{name}",
-            "ModelArtifacts": {"S3ModelArtifacts": f"s3://b/o/{name}/output/model.tar.gz"},
-            "TrainingJobStatus": status, "SecondaryStatus": secondary, "AlgorithmSpecification": {"TrainingInputMode": "File"},
-            "ResourceConfig": {"VolumeSizeInGB": 1}, "StoppingCondition": {}, "CreationTime": 0, **extra}
+    return {
+        "TrainingJobName": name,
+        "TrainingJobArn": f"arn:aws:sagemaker:us-east-1:123456789012:training-job/{name}",
+        "ModelArtifacts": {"S3ModelArtifacts": f"s3://b/o/{name}/output/model.tar.gz"},
+        "TrainingJobStatus": status,
+        "SecondaryStatus": secondary,
+        "AlgorithmSpecification": {"TrainingInputMode": "File"},
+        "ResourceConfig": {"VolumeSizeInGB": 1},
+        "StoppingCondition": {},
+        "CreationTime": 0,
+        **extra,
+    }
 
 
 def test_status_transitions_until_completed(caplog):
     client, stub = stubbed()
-    seq = [("InProgress", "Starting"), ("InProgress", "Downloading"), ("InProgress", "Training"),
-           ("InProgress", "Training"), ("InProgress", "Uploading"), ("Completed", "Completed")]
+    seq = [
+        ("InProgress", "Starting"),
+        ("InProgress", "Downloading"),
+        ("InProgress", "Training"),
+        ("InProgress", "Training"),
+        ("InProgress", "Uploading"),
+        ("Completed", "Completed"),
+    ]
     for status, sec in seq:
         stub.add_response("describe_training_job", described("j", status, sec), {"TrainingJobName": "j"})
     sleeps = []
@@ -307,9 +354,11 @@ def test_status_transitions_until_completed(caplog):
 def test_failed_job_raises_with_reason():
     client, stub = stubbed()
     stub.add_response("describe_training_job", described("j", "InProgress", "Training"), {"TrainingJobName": "j"})
-    stub.add_response("describe_training_job",
-                      described("j", "Failed", "Failed", FailureReason="AlgorithmError: CUDA out of memory"),
-                      {"TrainingJobName": "j"})
+    stub.add_response(
+        "describe_training_job",
+        described("j", "Failed", "Failed", FailureReason="AlgorithmError: CUDA out of memory"),
+        {"TrainingJobName": "j"},
+    )
     with stub, pytest.raises(jobs.JobError, match="ended Failed: AlgorithmError: CUDA out of memory"):
         jobs.wait(client, "j", timeout_s=3600, poll_s=1, sleep=lambda s: None)
     stub.assert_no_pending_responses()
@@ -349,12 +398,20 @@ def test_failed_job_is_retried_as_next_attempt_with_the_same_checkpoints(tmp_pat
     request = jobs.build_request(cfg, inputs)
     name = request["TrainingJobName"]
     client, stub = stubbed()
-    stub.add_response("describe_training_job", described(name, "Failed", "Failed", FailureReason="capacity"),
-                      {"TrainingJobName": name})
-    stub.add_client_error("describe_training_job", "ValidationException", "Requested resource not found.",
-                          expected_params={"TrainingJobName": f"{name}-r2"})
-    stub.add_response("create_training_job", {"TrainingJobArn": "arn:aws:sagemaker:us-east-1:1:training-job/x"},
-                      {**request, "TrainingJobName": f"{name}-r2"})
+    stub.add_response(
+        "describe_training_job", described(name, "Failed", "Failed", FailureReason="capacity"), {"TrainingJobName": name}
+    )
+    stub.add_client_error(
+        "describe_training_job",
+        "ValidationException",
+        "Requested resource not found.",
+        expected_params={"TrainingJobName": f"{name}-r2"},
+    )
+    stub.add_response(
+        "create_training_job",
+        {"TrainingJobArn": "arn:aws:sagemaker:us-east-1:1:training-job/x"},
+        {**request, "TrainingJobName": f"{name}-r2"},
+    )
     with stub:
         got, created = jobs.create_or_attach(client, request, max_attempts=3)
     stub.assert_no_pending_responses()
@@ -374,8 +431,7 @@ def _tar(members: list[tuple[tarfile.TarInfo, bytes | None]]) -> bytes:
 
 @pytest.mark.parametrize("kind", ["dotdot", "absolute", "symlink_out"])
 def test_unsafe_archives_are_refused(tmp_path, kind):
-    info = tarfile.TarInfo({"dotdot": "../escape.txt", "absolute": "/tmp/llmpipe-escape.txt",
-                            "symlink_out": "link"}[kind])
+    info = tarfile.TarInfo({"dotdot": "../escape.txt", "absolute": "/tmp/llmpipe-escape.txt", "symlink_out": "link"}[kind])
     data = b"x"
     if kind == "symlink_out":
         info.type, info.linkname, data = tarfile.SYMTYPE, "/etc/passwd", None
@@ -401,8 +457,11 @@ def _hf_to_litgpt(sd: dict, cfg, interleaved: bool) -> dict:
     litgpt >= 0.5 stores attn.qkv = cat(q, k, v); older lit-gpt attn.attn interleaves per query group."""
     heads, groups = cfg.num_attention_heads, cfg.num_key_value_heads
     hd = cfg.hidden_size // heads
-    out = {"transformer.wte.weight": sd["model.embed_tokens.weight"], "transformer.ln_f.weight": sd["model.norm.weight"],
-           "lm_head.weight": sd["lm_head.weight"]}
+    out = {
+        "transformer.wte.weight": sd["model.embed_tokens.weight"],
+        "transformer.ln_f.weight": sd["model.norm.weight"],
+        "lm_head.weight": sd["lm_head.weight"],
+    }
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}."
         q, k, v = (sd[p + f"self_attn.{n}_proj.weight"] for n in "qkv")
@@ -411,9 +470,14 @@ def _hf_to_litgpt(sd: dict, cfg, interleaved: bool) -> dict:
             out[f"transformer.h.{i}.attn.attn.weight"] = torch.cat([qs, ks, vs], dim=1).reshape(-1, cfg.hidden_size)
         else:
             out[f"transformer.h.{i}.attn.qkv.weight"] = torch.cat([q, k, v])
-        for lit, hf in (("norm_1", "input_layernorm"), ("norm_2", "post_attention_layernorm"),
-                        ("attn.proj", "self_attn.o_proj"), ("mlp.fc_1", "mlp.gate_proj"), ("mlp.fc_2", "mlp.up_proj"),
-                        ("mlp.proj", "mlp.down_proj")):
+        for lit, hf in (
+            ("norm_1", "input_layernorm"),
+            ("norm_2", "post_attention_layernorm"),
+            ("attn.proj", "self_attn.o_proj"),
+            ("mlp.fc_1", "mlp.gate_proj"),
+            ("mlp.fc_2", "mlp.up_proj"),
+            ("mlp.proj", "mlp.down_proj"),
+        ):
             out[f"transformer.h.{i}.{lit}.weight"] = sd[p + hf + ".weight"]
     return out
 
@@ -427,11 +491,21 @@ def test_litgpt_checkpoint_converts_to_the_same_model(prepared, tmp_path, interl
     model_dir = tmp_path / "artifact" / "out"
     model_dir.mkdir(parents=True)
     torch.save({"model": _hf_to_litgpt(ref.state_dict(), c, interleaved)}, model_dir / "lit_model.pth")
-    (model_dir / "model_config.yaml").write_text(json.dumps({
-        "n_embd": c.hidden_size, "n_layer": c.num_hidden_layers, "n_head": c.num_attention_heads,
-        "n_query_groups": c.num_key_value_heads, "intermediate_size": c.intermediate_size,
-        "padded_vocab_size": c.vocab_size, "norm_eps": c.rms_norm_eps, "rope_base": c.rope_parameters["rope_theta"]
-        if getattr(c, "rope_parameters", None) else c.rope_theta, "block_size": c.max_position_embeddings}))
+    (model_dir / "model_config.yaml").write_text(
+        json.dumps(
+            {
+                "n_embd": c.hidden_size,
+                "n_layer": c.num_hidden_layers,
+                "n_head": c.num_attention_heads,
+                "n_query_groups": c.num_key_value_heads,
+                "intermediate_size": c.intermediate_size,
+                "padded_vocab_size": c.vocab_size,
+                "norm_eps": c.rms_norm_eps,
+                "rope_base": c.rope_parameters["rope_theta"] if getattr(c, "rope_parameters", None) else c.rope_theta,
+                "block_size": c.max_position_embeddings,
+            }
+        )
+    )
     out = tmp_path / "hf"
     assert jobs.to_hf(tmp_path / "artifact", out, "auto") == "litgpt"
     got = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)
@@ -460,7 +534,8 @@ def test_image_mode_request_and_entry_train_our_model(aws, prepared, tmp_path):
     assert entry[0] == "python3" and entry[1] == f"/opt/ml/input/data/code/{upload.ENTRY_SCRIPT}"
     assert upload.ENTRY_SCRIPT in inputs["channels"]["code"]["files"]
     assert {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in d["InputDataConfig"]} == {
-        n: ch["s3_uri"] for n, ch in inputs["channels"].items()}
+        n: ch["s3_uri"] for n, ch in inputs["channels"].items()
+    }
     assert json.loads(d["HyperParameters"]["llmpipe_config"]) == {"train": cfg["train"], "eval": cfg["eval"]}
 
     # /opt/ml as SageMaker lays it out, every channel downloaded from moto's S3
@@ -476,9 +551,14 @@ def test_image_mode_request_and_entry_train_our_model(aws, prepared, tmp_path):
     (root / "input" / "config" / "resourceconfig.json").write_text(json.dumps({"current_host": "algo-1", "hosts": ["algo-1"]}))
     (root / "model").mkdir()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run([sys.executable, str(root / "input" / "data" / "code" / upload.ENTRY_SCRIPT)],
-                          env={**env, "LLMPIPE_SM_ROOT": str(root)}, cwd=tmp_path, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(root / "input" / "data" / "code" / upload.ENTRY_SCRIPT)],
+        env={**env, "LLMPIPE_SM_ROOT": str(root)},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"llmpipe from {root / 'input' / 'data' / 'code'}" in proc.stderr  # the channel's copy ran
     summary = json.loads((root / "model" / "train_summary.json").read_text())
@@ -491,10 +571,10 @@ def test_image_mode_request_and_entry_train_our_model(aws, prepared, tmp_path):
     # what the job uploads comes back as the HF final folder + metrics
     out_uri = d["OutputDataConfig"]["S3OutputPath"]
     bucket, key = out_uri[5:].split("/", 1)
-    aws["s3"].put_object(Bucket=bucket, Key=f"{key}/{d['TrainingJobName']}/output/model.tar.gz",
-                         Body=tar_folder(root / "model"))
-    aws["s3"].put_object(Bucket=bucket, Key=f"{key}/{d['TrainingJobName']}/output/output.tar.gz",
-                         Body=tar_folder(root / "output" / "data", "data"))
+    aws["s3"].put_object(Bucket=bucket, Key=f"{key}/{d['TrainingJobName']}/output/model.tar.gz", Body=tar_folder(root / "model"))
+    aws["s3"].put_object(
+        Bucket=bucket, Key=f"{key}/{d['TrainingJobName']}/output/output.tar.gz", Body=tar_folder(root / "output" / "data", "data")
+    )
     out, metrics = tmp_path / "final", tmp_path / "metrics.jsonl"
     job = jobs.train(cfg, manifest, out, metrics, clients=aws)
     assert job["created"] is False and job["artifact_format"] == "hf"
@@ -516,23 +596,46 @@ def test_snakemake_profile_runs_against_moto(aws, tmp_path):
     from tests.conftest import merge
 
     work = tmp_path / "repo"
-    shutil.copytree(REPO, work, ignore=shutil.ignore_patterns(
-        "results", ".snakemake", ".git", "__pycache__", "*.egg-info", ".pytest_cache", ".venvs"))
+    shutil.copytree(
+        REPO,
+        work,
+        ignore=shutil.ignore_patterns("results", ".snakemake", ".git", "__pycache__", "*.egg-info", ".pytest_cache", ".venvs"),
+    )
     write_jsonl(work / "corpus.jsonl", corpus_docs(60))
-    over = {"data": {"sources": ["corpus.jsonl"], "val_fraction": 0.1, "litgpt_sequences_per_file": 32},
-            "tokenizer": {"vocab_size": 512},
-            "model": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-                      "num_key_value_heads": 2},
-            "train": {"seq_len": 64, "global_batch_size": 8, "micro_batch_size": 2, "max_steps": 6, "warmup_steps": 1,
-                      "save_interval": 3, "eval_interval": 3},
-            "sagemaker": {"s3_prefix": f"s3://{BUCKET}/llmpipe", "poll_seconds": 0.01, "wait_timeout_seconds": 60}}
+    over = {
+        "data": {"sources": ["corpus.jsonl"], "val_fraction": 0.1, "litgpt_sequences_per_file": 32},
+        "tokenizer": {"vocab_size": 512},
+        "model": {
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+        },
+        "train": {
+            "seq_len": 64,
+            "global_batch_size": 8,
+            "micro_batch_size": 2,
+            "max_steps": 6,
+            "warmup_steps": 1,
+            "save_interval": 3,
+            "eval_interval": 3,
+        },
+        "sagemaker": {"s3_prefix": f"s3://{BUCKET}/llmpipe", "poll_seconds": 0.01, "wait_timeout_seconds": 60},
+    }
     (work / "sm.yaml").write_text(yaml.safe_dump(over))
     files = ["config/config.yaml", "profiles/sagemaker/llmpipe.yaml", "sm.yaml"]  # the profile loads its own llmpipe.yaml
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(GUARD_DIR), str(work / "src")])}
 
     def snakemake(*args):
-        return subprocess.run([sys.executable, "-m", "snakemake", "--profile", "profiles/sagemaker", *args,
-                               "--configfile", files[0], files[2]], cwd=work, env=env, capture_output=True, text=True, timeout=600)
+        return subprocess.run(
+            [sys.executable, "-m", "snakemake", "--profile", "profiles/sagemaker", *args, "--configfile", files[0], files[2]],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
 
     run = work / "results" / "default"
     proc = snakemake("results/default/sagemaker/inputs.json", "results/default/checkpoints/init")
@@ -551,22 +654,33 @@ def test_snakemake_profile_runs_against_moto(aws, tmp_path):
     lit = tmp_path / "lit"
     lit.mkdir()
     torch.save(_hf_to_litgpt(init.state_dict(), c, interleaved=False), lit / "lit_model.pth")
-    (lit / "model_config.yaml").write_text(yaml.safe_dump({
-        "n_embd": c.hidden_size, "n_layer": c.num_hidden_layers, "n_head": c.num_attention_heads,
-        "n_query_groups": c.num_key_value_heads, "intermediate_size": c.intermediate_size,
-        "padded_vocab_size": c.vocab_size, "norm_eps": float(c.rms_norm_eps), "block_size": 64}))
+    (lit / "model_config.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "n_embd": c.hidden_size,
+                "n_layer": c.num_hidden_layers,
+                "n_head": c.num_attention_heads,
+                "n_query_groups": c.num_key_value_heads,
+                "intermediate_size": c.intermediate_size,
+                "padded_vocab_size": c.vocab_size,
+                "norm_eps": float(c.rms_norm_eps),
+                "block_size": 64,
+            }
+        )
+    )
     seed_job(aws, request, tar_folder(lit, "out"), [f"step {s}: loss {8 - s * 0.25}" for s in range(1, 7)])
 
     proc = snakemake("results/default/eval.json")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     log = (run / "logs" / "train_sagemaker.log").read_text()
     assert f"created training job {request['TrainingJobName']}" in log and "step 6: loss 6.5" in log
-    assert json.loads((run / "checkpoints" / "sagemaker" / "final" / "sagemaker_job.json").read_text())[
-        "artifact_format"] == "litgpt"
+    assert (
+        json.loads((run / "checkpoints" / "sagemaker" / "final" / "sagemaker_job.json").read_text())["artifact_format"]
+        == "litgpt"
+    )
     # the evaluated model is the one that came back: same val loss as the init model it was made from
     ev = json.loads((run / "eval.json").read_text())
-    want = evaluate(run / "checkpoints" / "init", run / "data" / "views" / "hf", tmp_path / "ref.json",
-                    cfg["eval"]["batch_size"])
+    want = evaluate(run / "checkpoints" / "init", run / "data" / "views" / "hf", tmp_path / "ref.json", cfg["eval"]["batch_size"])
     assert abs(ev["val_loss"] - want["val_loss"]) < 1e-5
     recs = [json.loads(x) for x in (run / "train" / "metrics.jsonl").read_text().splitlines()]
     assert [(r["step"], r["loss"]) for r in recs] == [(s, 8 - s * 0.25) for s in range(1, 7)]
@@ -582,8 +696,13 @@ def test_entry_failure_reaches_the_failure_file(tmp_path):
     code = upload.code_folder(tmp_path / "code")
     root = tmp_path / "opt_ml"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run([sys.executable, str(code / upload.ENTRY_SCRIPT)], env={**env, "LLMPIPE_SM_ROOT": str(root)},
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(code / upload.ENTRY_SCRIPT)],
+        env={**env, "LLMPIPE_SM_ROOT": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode != 0
     assert (root / "output" / "failure").read_text().startswith("FileNotFoundError")
     assert "hyperparameters.json" in (root / "output" / "failure").read_text()

@@ -23,15 +23,36 @@ def test_workflow_runs_with_shell_metacharacters_in_every_path(tmp_path):
     tok = work / f"tok {NASTY}"
     shutil.copytree(GPT2, tok)
     results = f"results {NASTY}"
-    cfg = {"results_dir": results, "data": {"sources": [str(corpus)], "num_shards": 2, "val_fraction": 0.1},
-           "tokenizer": {"source": str(tok)},
-           "model": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
-                     "num_key_value_heads": 2},
-           "train": {"seq_len": 64, "global_batch_size": 4, "micro_batch_size": 4, "max_steps": 3, "warmup_steps": 1,
-                     "save_interval": 3, "eval_interval": 3, "threads": 1}}
+    cfg = {
+        "results_dir": results,
+        "data": {"sources": [str(corpus)], "num_shards": 2, "val_fraction": 0.1},
+        "tokenizer": {"source": str(tok)},
+        "model": {
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+        },
+        "train": {
+            "seq_len": 64,
+            "global_batch_size": 4,
+            "micro_batch_size": 4,
+            "max_steps": 3,
+            "warmup_steps": 1,
+            "save_interval": 3,
+            "eval_interval": 3,
+            "threads": 1,
+        },
+    }
     (work / "nasty.yaml").write_text(yaml.safe_dump(cfg))
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "--profile", "local", "--configfile", "nasty.yaml"],
-                          cwd=work, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--profile", "local", "--configfile", "nasty.yaml"],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert not list(tmp_path.rglob("PWNED*")), list(tmp_path.rglob("PWNED*"))
     run = work / results / "default"
@@ -45,8 +66,9 @@ def test_workflow_runs_with_shell_metacharacters_in_every_path(tmp_path):
 @pytest.mark.parametrize("run", ["x$(touch PWNED)", "x`id`", "a;b", "a b", "q'"])
 def test_run_names_with_shell_characters_are_refused(tmp_path, run):
     (tmp_path / "c.yaml").write_text(yaml.safe_dump({"run": run}))
-    proc = subprocess.run([sys.executable, "-m", "llmpipe", "check-config", "c.yaml"], capture_output=True, text=True,
-                          timeout=60, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "llmpipe", "check-config", "c.yaml"], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
     assert proc.returncode != 0 and "'run'" in proc.stderr
     assert not list(tmp_path.rglob("PWNED*"))
 
@@ -59,11 +81,17 @@ def test_every_backends_commands_keep_nasty_paths_whole(tmp_path, profile):
     import shlex
 
     results = f"{tmp_path}/r {NASTY}"
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-p", "--profile", profile, "--config",
-                           f"results_dir={results}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-n", "-p", "--profile", profile, "--config", f"results_dir={results}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     commands = [c for c in re.findall(r"^Shell command: (.*)$", proc.stdout, re.M) if c != "None"]
     assert len(commands) >= 8
+
     def strings(v):
         if isinstance(v, dict):
             return [x for i in v.values() for x in strings(i)]

@@ -18,7 +18,6 @@ import yaml
 from safetensors.torch import load_file
 
 from llmpipe.dag import dry_run_jobs  # (rule, resources, threads) of every job a dry run lists
-
 from tests.conftest import REPO, REPO_IGNORE
 
 pytestmark = pytest.mark.slurm
@@ -29,8 +28,7 @@ FINAL = "results/default/checkpoints/torch/final"  # the training rule's output,
 
 
 def snakemake(cwd, *args, profile="slurm-local", timeout=600, env=None):
-    cmd = ["timeout", "-k", "10", str(timeout), sys.executable, "-m", "snakemake", "--profile", f"profiles/{profile}",
-           *args]
+    cmd = ["timeout", "-k", "10", str(timeout), sys.executable, "-m", "snakemake", "--profile", f"profiles/{profile}", *args]
     return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env={**os.environ, **(env or {})})
 
 
@@ -45,6 +43,7 @@ def cluster_up() -> bool:
 def slurm():
     """The local cluster, installed and started if needed; stopped at the end if this session started it.
     Under CI (CI set) a cluster that cannot start fails the tests instead of skipping them."""
+
     def unavailable(msg):
         (pytest.fail if os.environ.get("CI") else pytest.skip)(f"local Slurm cluster unavailable: {msg}")
 
@@ -103,9 +102,14 @@ def pipeline(slurm, tmp_path_factory):
     proc = snakemake(work, timeout=900)
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
     run = work / "results" / "default"
-    return {"work": work, "run": run, "proc": proc, "plan": dry_run_jobs(plan.stdout),
-            "seconds": time.perf_counter() - started,
-            "metrics": [json.loads(x) for x in (run / "train" / "metrics.jsonl").read_text().splitlines()]}
+    return {
+        "work": work,
+        "run": run,
+        "proc": proc,
+        "plan": dry_run_jobs(plan.stdout),
+        "seconds": time.perf_counter() - started,
+        "metrics": [json.loads(x) for x in (run / "train" / "metrics.jsonl").read_text().splitlines()],
+    }
 
 
 def test_pipeline_runs_one_slurm_job_per_rule_instance(pipeline):
@@ -116,8 +120,7 @@ def test_pipeline_runs_one_slurm_job_per_rule_instance(pipeline):
     all_logs = slurm_logs(work)
     assert all(j["JobId"] in all_logs for j in jobs), (jobs, all_logs)
     logs = {j["JobId"]: all_logs[j["JobId"]] for j in jobs}
-    assert all(j["JobState"] == "COMPLETED" and j["NodeList"] == "localhost" and j["WorkDir"] == str(work)
-               for j in jobs), jobs
+    assert all(j["JobState"] == "COMPLETED" and j["NodeList"] == "localhost" and j["WorkDir"] == str(work) for j in jobs), jobs
     # exactly the jobs the dry run planned (all of them remote: no local rule but `all`)
     expected = collections.Counter(rule for rule, _, _ in pipeline["plan"] if rule != "all")
     assert collections.Counter(rule for rule, _ in logs.values()) == expected
@@ -131,8 +134,14 @@ def test_pipeline_runs_one_slurm_job_per_rule_instance(pipeline):
 
 def test_failing_job_is_retried(slurm, pipeline, tmp_path):
     marker = tmp_path / "failed-once"
-    proc = snakemake(pipeline["work"], "results/retry/data/sources.json", "--config", "run=retry", timeout=300,
-                     env={"LLMPIPE_FAIL_ONCE": f"get-data:{marker}"})
+    proc = snakemake(
+        pipeline["work"],
+        "results/retry/data/sources.json",
+        "--config",
+        "run=retry",
+        timeout=300,
+        env={"LLMPIPE_FAIL_ONCE": f"get-data:{marker}"},
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert marker.exists() and "Trying to restart job" in proc.stdout + proc.stderr
     jobs = jobcomp(run_id(proc.stdout + proc.stderr))
@@ -142,11 +151,14 @@ def test_failing_job_is_retried(slurm, pipeline, tmp_path):
     assert json.loads((pipeline["work"] / "results" / "retry" / "data" / "sources.json").read_text())
 
 
-@pytest.mark.parametrize("resources, message", [
-    ({"cpus_per_task": 64}, "More processors requested than permitted"),
-    ({"mem_mb": 100_000_000}, "Memory specification can not be satisfied"),
-    ({"gres": "gpu:8"}, "Requested node configuration is not available"),  # the node has 2 (fake) GPUs
-])
+@pytest.mark.parametrize(
+    "resources, message",
+    [
+        ({"cpus_per_task": 64}, "More processors requested than permitted"),
+        ({"mem_mb": 100_000_000}, "Memory specification can not be satisfied"),
+        ({"gres": "gpu:8"}, "Requested node configuration is not available"),  # the node has 2 (fake) GPUs
+    ],
+)
 def test_impossible_request_fails_at_submit(slurm, pipeline, resources, message):
     cfg = overlay(pipeline["work"], "impossible", {"run": "impossible", "resources": {"default": resources}})
     started = time.perf_counter()
@@ -162,18 +174,26 @@ def test_one_node_two_processes_through_srun_and_torchrun(slurm, pipeline):
     head node and port; 2 gloo processes give the 1-process losses (warmup steps share their LR)."""
     work, run = pipeline["work"], pipeline["run"]
     shutil.rmtree(run / "checkpoints" / "torch", ignore_errors=True)
-    cfg = overlay(work, "srun", {"train": {"threads": 1, "launcher": "srun", "max_steps": 12}, "parallel": {"nproc_per_node": 2},
-                                 "resources": {"train": {"mem_mb": 3000, "runtime": 20}}})
+    cfg = overlay(
+        work,
+        "srun",
+        {
+            "train": {"threads": 1, "launcher": "srun", "max_steps": 12},
+            "parallel": {"nproc_per_node": 2},
+            "resources": {"train": {"mem_mb": 3000, "runtime": 20}},
+        },
+    )
     proc = snakemake(work, FINAL, "--configfile", cfg, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (job,) = jobcomp(run_id(proc.stdout + proc.stderr))
     assert job["JobState"] == "COMPLETED" and job["TimeLimit"] == "20" and job["Tres"].startswith("cpu=2,mem=3000M")
     log = (run / "logs" / "train_torch.log").read_text()
     port = 29500 + int(job["JobId"]) % 1000
-    assert ("srun --overlap --kill-on-bad-exit=1 --nodes=1 --ntasks=1 --ntasks-per-node=1 --cpus-per-task=2 "
-            in log), log[:3000]
-    assert (f"-m torch.distributed.run --nnodes 1 --node_rank 0 --nproc_per_node 2 --master_addr localhost "
-            f"--master_port {port} -m llmpipe torch-train" in log), log[:3000]
+    assert "srun --overlap --kill-on-bad-exit=1 --nodes=1 --ntasks=1 --ntasks-per-node=1 --cpus-per-task=2 " in log, log[:3000]
+    assert (
+        f"-m torch.distributed.run --nnodes 1 --node_rank 0 --nproc_per_node 2 --master_addr localhost "
+        f"--master_port {port} -m llmpipe torch-train" in log
+    ), log[:3000]
     assert "world 2," in log
     summary = json.loads((run / "checkpoints" / "torch" / "final" / "train_summary.json").read_text())
     assert summary["world_size"] == 2
@@ -191,18 +211,30 @@ def test_scancel_mid_training_is_retried_and_resumes_bit_exactly(slurm, pipeline
     shutil.rmtree(ckpts, ignore_errors=True)
     train = {"max_steps": 40, "save_interval": 5}
     cfg = overlay(work, "cancel", {"train": train})
-    cmd = ["timeout", "-k", "10", "600", sys.executable, "-m", "snakemake", "--profile", "profiles/slurm-local", FINAL,
-           "--configfile", cfg]
+    cmd = [
+        "timeout",
+        "-k",
+        "10",
+        "600",
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--profile",
+        "profiles/slurm-local",
+        FINAL,
+        "--configfile",
+        cfg,
+    ]
     with subprocess.Popen(cmd, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as sm:
         try:
             deadline = time.time() + 300
             while not list(ckpts.glob("step_*/done")):
                 assert sm.poll() is None and time.time() < deadline, "no checkpoint before the training ended"
                 time.sleep(0.1)
-            running = subprocess.run(["squeue", "-h", "-t", "R", "-o", "%i|%k|%Z"], capture_output=True,
-                                     text=True).stdout
-            (job_id,) = [line.split("|")[0] for line in running.splitlines()
-                         if line.split("|")[1:] == ["rule_train_torch", str(work)]]
+            running = subprocess.run(["squeue", "-h", "-t", "R", "-o", "%i|%k|%Z"], capture_output=True, text=True).stdout
+            (job_id,) = [
+                line.split("|")[0] for line in running.splitlines() if line.split("|")[1:] == ["rule_train_torch", str(work)]
+            ]
             subprocess.run(["scancel", job_id], check=True)
             out, _ = sm.communicate(timeout=660)
         except BaseException:
@@ -218,10 +250,30 @@ def test_scancel_mid_training_is_retried_and_resumes_bit_exactly(slurm, pipeline
     base = yaml.safe_load((work / "config" / "config.yaml").read_text())
     config = {**base, "train": {**base["train"], **train}}
     ref = tmp_path / "ref"
-    subprocess.run([sys.executable, "-m", "llmpipe", "torch-train", "--config", json.dumps(config),
-                    "--init", str(run / "checkpoints" / "init"), "--data", str(run / "data" / "views" / "hf"),
-                    "--checkpoints", str(ref / "ckpt"), "--metrics", str(ref / "metrics.jsonl"), "--out",
-                    str(ref / "final")], cwd=work, check=True, capture_output=True, timeout=600)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "llmpipe",
+            "torch-train",
+            "--config",
+            json.dumps(config),
+            "--init",
+            str(run / "checkpoints" / "init"),
+            "--data",
+            str(run / "data" / "views" / "hf"),
+            "--checkpoints",
+            str(ref / "ckpt"),
+            "--metrics",
+            str(ref / "metrics.jsonl"),
+            "--out",
+            str(ref / "final"),
+        ],
+        cwd=work,
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
     expected = load_file(str(ref / "final" / "model.safetensors"))
     weights = load_file(str(ckpts / "final" / "model.safetensors"))
     assert weights.keys() == expected.keys()
@@ -252,16 +304,16 @@ def profile_rules(profile: str) -> set[str]:
 @pytest.mark.parametrize("profile", ["slurm-local", "slurm-trn1", "gpu-colossal"])
 def test_profiles_only_size_rules_that_exist(profile):
     """Snakemake ignores set-resources for unknown rules: a renamed rule must not silently lose its resources."""
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "--list-rules"], cwd=REPO, capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--list-rules"], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     rules = set(proc.stdout.split())  # the default backend's workflow, plus every backend's own rules:
     rules |= {m for f in (REPO / "rules").glob("train_*.smk") for m in re.findall(r"^rule (\w+):", f.read_text(), re.M)}
     assert profile_rules(profile) - rules == set()
 
 
 def test_trn1_profile_resources_per_rule_and_config_overrides(tmp_path):
-    proc = snakemake(REPO, "-n", "--cores", "1024", "--config", f"results_dir={tmp_path}", profile="slurm-trn1",
-                     timeout=120)
+    proc = snakemake(REPO, "-n", "--cores", "1024", "--config", f"results_dir={tmp_path}", profile="slurm-trn1", timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     jobs = dry_run_jobs(proc.stdout)
     assert "train_torch" not in {rule for rule, _, _ in jobs}  # the profile trains neuron by itself
@@ -269,42 +321,73 @@ def test_trn1_profile_resources_per_rule_and_config_overrides(tmp_path):
     for name in ("train_neuron", "neuron_precompile"):
         (train,) = [r for rule, r, _ in jobs if rule == name]
         assert {k: train[k] for k in ("nodes", "tasks", "cpus_per_task", "mem_mb", "slurm_extra")} == {
-            "nodes": str(nodes), "tasks": str(nodes), "cpus_per_task": "128", "mem_mb": "480000",
-            "slurm_extra": "--exclusive"}
+            "nodes": str(nodes),
+            "tasks": str(nodes),
+            "cpus_per_task": "128",
+            "mem_mb": "480000",
+            "slurm_extra": "--exclusive",
+        }
     tokenize = [(r, t) for rule, r, t in jobs if rule == "tokenize"]
     assert len(tokenize) == 2 and all(t == 4 and r["mem_mb"] == "16000" and r["runtime"] == "240" for r, t in tokenize)
 
     over = tmp_path / "o.yaml"
-    over.write_text(yaml.safe_dump({"train": {"global_batch_size": 32}, "parallel": {"nnodes": 8},
-                                    "resources": {"default": {"slurm_partition": "trn1"}, "train": {"runtime": 600},
-                                                  "tokenize": {"mem_mb": 4000}}}))
-    proc = snakemake(REPO, "-n", "-p", "--cores", "1024", "--config", f"results_dir={tmp_path}", "--configfile",
-                     str(over), profile="slurm-trn1", timeout=120)
+    over.write_text(
+        yaml.safe_dump(
+            {
+                "train": {"global_batch_size": 32},
+                "parallel": {"nnodes": 8},
+                "resources": {"default": {"slurm_partition": "trn1"}, "train": {"runtime": 600}, "tokenize": {"mem_mb": 4000}},
+            }
+        )
+    )
+    proc = snakemake(
+        REPO,
+        "-n",
+        "-p",
+        "--cores",
+        "1024",
+        "--config",
+        f"results_dir={tmp_path}",
+        "--configfile",
+        str(over),
+        profile="slurm-trn1",
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     jobs = dry_run_jobs(proc.stdout)
     (train,) = [r for rule, r, _ in jobs if rule == "train_neuron"]
     assert (train["nodes"], train["tasks"], train["runtime"], train["cpus_per_task"], train["slurm_partition"]) == (
-        "8", "8", "600", "128", "trn1")
+        "8",
+        "8",
+        "600",
+        "128",
+        "trn1",
+    )
     assert all(r["mem_mb"] == "4000" and r["slurm_partition"] == "trn1" for rule, r, _ in jobs if rule == "tokenize")
-    assert '"nnodes": 8' in proc.stdout[proc.stdout.index("rule train_neuron:"):]
+    assert '"nnodes": 8' in proc.stdout[proc.stdout.index("rule train_neuron:") :]
 
 
 def test_gpu_colossal_profile_requests_gpus_per_node(tmp_path):
-    proc = snakemake(REPO, "-n", "--cores", "1024", "--config", f"results_dir={tmp_path}", profile="gpu-colossal",
-                     timeout=120)
+    proc = snakemake(REPO, "-n", "--cores", "1024", "--config", f"results_dir={tmp_path}", profile="gpu-colossal", timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     jobs = {rule: r for rule, r, _ in dry_run_jobs(proc.stdout)}
     assert "train_torch" not in jobs
     train = jobs["train_colossal"]
     assert {k: train[k] for k in ("gres", "tasks_per_gpu", "cpus_per_task", "mem_mb", "slurm_extra")} == {
-        "gres": "gpu:8", "tasks_per_gpu": "0", "cpus_per_task": "96", "mem_mb": "1000000", "slurm_extra": "--exclusive"}
+        "gres": "gpu:8",
+        "tasks_per_gpu": "0",
+        "cpus_per_task": "96",
+        "mem_mb": "1000000",
+        "slurm_extra": "--exclusive",
+    }
     assert jobs["evaluate"]["gres"] == "gpu:1" and "gres" not in jobs["tokenize"]
 
 
 def test_unknown_rule_in_resources_is_named(tmp_path):
     over = tmp_path / "o.yaml"
     over.write_text("resources: {tokenise: {mem_mb: 10}}\n")
-    proc = snakemake(REPO, "-n", "--configfile", str(over), "--config", f"results_dir={tmp_path}",
-                     profile="slurm-trn1", timeout=120)
+    proc = snakemake(
+        REPO, "-n", "--configfile", str(over), "--config", f"results_dir={tmp_path}", profile="slurm-trn1", timeout=120
+    )
     assert proc.returncode != 0
     assert "unknown rule(s) under 'resources': tokenise" in proc.stdout + proc.stderr

@@ -32,14 +32,46 @@ def test_export_and_evaluate_refuse_non_finite_weights(tmp_path, prepared):
     weights[name][0, 0] = float("nan")
     save_file(weights, damaged / "model.safetensors", metadata={"format": "pt"})
     cfg = json.dumps({"export": {"dtype": "float32"}})
-    exp = subprocess.run([sys.executable, "-m", "llmpipe", "export", "--config", cfg, "--trained", str(damaged),
-                          "--tokenizer", str(prepared["tokenizer"]), "--out", str(tmp_path / "hf")],
-                         capture_output=True, text=True, timeout=300)
+    exp = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "llmpipe",
+            "export",
+            "--config",
+            cfg,
+            "--trained",
+            str(damaged),
+            "--tokenizer",
+            str(prepared["tokenizer"]),
+            "--out",
+            str(tmp_path / "hf"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert exp.returncode != 0 and f"non-finite weights in {name}" in exp.stderr, exp.stderr[-2000:]
     assert not (tmp_path / "hf").exists()
-    ev = subprocess.run([sys.executable, "-m", "llmpipe", "evaluate", "--config", "{}", "--model", str(damaged),
-                         "--data", str(prepared["view"]), "--out", str(tmp_path / "eval.json")],
-                        capture_output=True, text=True, timeout=300)
+    ev = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "llmpipe",
+            "evaluate",
+            "--config",
+            "{}",
+            "--model",
+            str(damaged),
+            "--data",
+            str(prepared["view"]),
+            "--out",
+            str(tmp_path / "eval.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert ev.returncode != 0 and "non-finite" in ev.stderr and not (tmp_path / "eval.json").exists()
     assert torch.isnan(load_file(damaged / "model.safetensors")[name]).any()
 
@@ -50,17 +82,39 @@ def test_a_batch_larger_than_the_data_warns_in_plan_and_training_log(tmp_path, p
 
     rows = json.loads((prepared["view"] / "view.json").read_text())["train"]["rows"]
     gbs = 4 * rows  # 4 epochs in every step
-    cfg = merge(prepared["cfg"], {"train": {"global_batch_size": gbs, "micro_batch_size": gbs, "max_steps": 1,
-                                            "save_interval": 1, "eval_interval": 1}})
+    cfg = merge(
+        prepared["cfg"],
+        {"train": {"global_batch_size": gbs, "micro_batch_size": gbs, "max_steps": 1, "save_interval": 1, "eval_interval": 1}},
+    )
     from llmpipe import config as cfgmod
 
     cfg = cfgmod.validate(cfg)
     plan = build(cfg, view=prepared["view"], model=prepared["init"])
-    assert any(f"global_batch_size {gbs} exceeds the {rows} train rows" in w and "4.00 epochs per step" in w
-               for w in plan["warnings"])
-    proc = subprocess.run([sys.executable, "-m", "llmpipe", "torch-train", "--config", json.dumps(cfg), "--init",
-                           str(prepared["init"]), "--data", str(prepared["view"]), "--checkpoints", str(tmp_path / "ck"),
-                           "--metrics", str(tmp_path / "m.jsonl"), "--out", str(tmp_path / "final")],
-                          capture_output=True, text=True, timeout=600)
+    assert any(
+        f"global_batch_size {gbs} exceeds the {rows} train rows" in w and "4.00 epochs per step" in w for w in plan["warnings"]
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "llmpipe",
+            "torch-train",
+            "--config",
+            json.dumps(cfg),
+            "--init",
+            str(prepared["init"]),
+            "--data",
+            str(prepared["view"]),
+            "--checkpoints",
+            str(tmp_path / "ck"),
+            "--metrics",
+            str(tmp_path / "m.jsonl"),
+            "--out",
+            str(tmp_path / "final"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert f"exceeds the {rows} train rows" in proc.stderr and "4.00 epochs per" in proc.stderr

@@ -30,23 +30,67 @@ def test_export_and_evaluate_refuse_another_tokenizer(prepared, tmp_path):
     other = edited_copy(prepared["tokenizer"], tmp_path / "other-tokenizer")
     recorded, changed = tokenizer_sha256(prepared["tokenizer"]), tokenizer_sha256(other)
     assert recorded != changed
-    refused = llmpipe("export", "--config", cfg, "--trained", str(prepared["init"]), "--tokenizer", str(other),
-                      "--manifest", str(prepared["manifest"]), "--out", str(tmp_path / "hf-bad"))
+    refused = llmpipe(
+        "export",
+        "--config",
+        cfg,
+        "--trained",
+        str(prepared["init"]),
+        "--tokenizer",
+        str(other),
+        "--manifest",
+        str(prepared["manifest"]),
+        "--out",
+        str(tmp_path / "hf-bad"),
+    )
     assert refused.returncode != 0 and not (tmp_path / "hf-bad").exists()
     line = refused.stderr.strip().splitlines()[-1]
     assert line.startswith("llmpipe export: ") and recorded in line and changed in line and "--forcerun tokenizer" in line
 
-    ok = llmpipe("export", "--config", cfg, "--trained", str(prepared["init"]), "--tokenizer", str(prepared["tokenizer"]),
-                 "--manifest", str(prepared["manifest"]), "--out", str(tmp_path / "hf"))
+    ok = llmpipe(
+        "export",
+        "--config",
+        cfg,
+        "--trained",
+        str(prepared["init"]),
+        "--tokenizer",
+        str(prepared["tokenizer"]),
+        "--manifest",
+        str(prepared["manifest"]),
+        "--out",
+        str(tmp_path / "hf"),
+    )
     assert ok.returncode == 0, ok.stderr[-2000:]
     assert tokenizer_sha256(tmp_path / "hf") == recorded  # shipped byte for byte
-    scored = llmpipe("evaluate", "--config", cfg, "--model", str(tmp_path / "hf"), "--data", str(prepared["view"]),
-                     "--out", str(tmp_path / "eval.json"), "--threads", "1")
+    scored = llmpipe(
+        "evaluate",
+        "--config",
+        cfg,
+        "--model",
+        str(tmp_path / "hf"),
+        "--data",
+        str(prepared["view"]),
+        "--out",
+        str(tmp_path / "eval.json"),
+        "--threads",
+        "1",
+    )
     assert scored.returncode == 0, scored.stderr[-2000:]
     assert json.loads((tmp_path / "eval.json").read_text())["tokens"] > 0
 
     shutil.copy(other / "tokenizer.json", tmp_path / "hf" / "tokenizer.json")  # the exported folder edited later
-    refused = llmpipe("evaluate", "--config", cfg, "--model", str(tmp_path / "hf"), "--data", str(prepared["view"]),
-                      "--out", str(tmp_path / "eval-bad.json"), "--threads", "1")
+    refused = llmpipe(
+        "evaluate",
+        "--config",
+        cfg,
+        "--model",
+        str(tmp_path / "hf"),
+        "--data",
+        str(prepared["view"]),
+        "--out",
+        str(tmp_path / "eval-bad.json"),
+        "--threads",
+        "1",
+    )
     assert refused.returncode != 0 and not (tmp_path / "eval-bad.json").exists()
     assert recorded in refused.stderr and changed in refused.stderr and "llmpipe evaluate: " in refused.stderr

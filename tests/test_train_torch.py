@@ -15,11 +15,26 @@ from tests.conftest import merge
 def run_train(prepared, tmp, name, cfg_over=None, stop_after=None, nproc=1, expect_ok=True):
     cfg = merge(prepared["cfg"], cfg_over or {})
     out = tmp / name
-    launcher = [sys.executable, "-m", "llmpipe"] if nproc == 1 else [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "llmpipe"]
-    cmd = launcher + ["torch-train", "--config", json.dumps(cfg), "--init", str(prepared["init"]),
-                      "--data", str(prepared["view"]), "--checkpoints", str(out / "ckpt"),
-                      "--metrics", str(out / "metrics.jsonl"), "--out", str(out / "final")]
+    launcher = (
+        [sys.executable, "-m", "llmpipe"]
+        if nproc == 1
+        else [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "llmpipe"]
+    )
+    cmd = launcher + [
+        "torch-train",
+        "--config",
+        json.dumps(cfg),
+        "--init",
+        str(prepared["init"]),
+        "--data",
+        str(prepared["view"]),
+        "--checkpoints",
+        str(out / "ckpt"),
+        "--metrics",
+        str(out / "metrics.jsonl"),
+        "--out",
+        str(out / "final"),
+    ]
     if stop_after:
         cmd += ["--stop-after", str(stop_after)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)

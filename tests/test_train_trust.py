@@ -19,9 +19,24 @@ from tests.conftest import merge
 
 def run_train(prepared, tmp, over, name, stop_after=None):
     cfg = cfgmod.validate(merge(prepared["cfg"], over))
-    args = [sys.executable, "-m", "llmpipe", "torch-train", "--config", json.dumps(cfg), "--init", str(prepared["init"]),
-            "--data", str(prepared["view"]), "--checkpoints", str(tmp / f"{name}-ck"), "--metrics",
-            str(tmp / f"{name}.jsonl"), "--out", str(tmp / f"{name}-final")]
+    args = [
+        sys.executable,
+        "-m",
+        "llmpipe",
+        "torch-train",
+        "--config",
+        json.dumps(cfg),
+        "--init",
+        str(prepared["init"]),
+        "--data",
+        str(prepared["view"]),
+        "--checkpoints",
+        str(tmp / f"{name}-ck"),
+        "--metrics",
+        str(tmp / f"{name}.jsonl"),
+        "--out",
+        str(tmp / f"{name}-final"),
+    ]
     if stop_after:
         args += ["--stop-after", str(stop_after)]
     return subprocess.run(args, capture_output=True, text=True, timeout=600)
@@ -32,7 +47,7 @@ SIX = {"train": {"max_steps": 6, "save_interval": 2, "keep_checkpoints": 3, "eva
 
 def overwrite(path, offset=4096, size=4096):
     raw = bytearray(path.read_bytes())
-    raw[offset:offset + size] = b"\x7f" * min(size, len(raw) - offset)
+    raw[offset : offset + size] = b"\x7f" * min(size, len(raw) - offset)
     path.write_bytes(bytes(raw))
 
 
@@ -46,8 +61,9 @@ def test_damaged_newest_checkpoint_falls_back_to_the_older_intact_one(tmp_path, 
     overwrite(root / "step_00000004" / "model.safetensors")
     resumed = run_train(prepared, tmp_path, SIX, "cut")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert ("step_00000004 is damaged: model.safetensors do not match their recorded sha256; falling back to step 2"
-            in resumed.stderr)
+    assert (
+        "step_00000004 is damaged: model.safetensors do not match their recorded sha256; falling back to step 2" in resumed.stderr
+    )
     assert "resumed from" in resumed.stderr and "step_00000002 (step 2)" in resumed.stderr
     whole, cut = (load_file(tmp_path / f"{n}-final" / "model.safetensors") for n in ("whole", "cut"))
     assert all(torch.equal(whole[k], cut[k]) for k in whole)  # bitwise the uninterrupted run
@@ -63,8 +79,18 @@ def test_every_checkpoint_damaged_is_refused_naming_the_way_out(tmp_path, prepar
     assert "set train.resume: false" in proc.stderr and not (tmp_path / "cut-final").exists()
 
 
-BLOW_UP = {"train": {"lr": 1.0e3, "min_lr": 0.0, "warmup_steps": 0, "grad_clip": 0.0, "max_steps": 6, "save_interval": 1,
-                     "keep_checkpoints": 2, "eval_interval": 6}}  # step 1 is finite, step 2's gradient is NaN
+BLOW_UP = {
+    "train": {
+        "lr": 1.0e3,
+        "min_lr": 0.0,
+        "warmup_steps": 0,
+        "grad_clip": 0.0,
+        "max_steps": 6,
+        "save_interval": 1,
+        "keep_checkpoints": 2,
+        "eval_interval": 6,
+    }
+}  # step 1 is finite, step 2's gradient is NaN
 
 
 @pytest.mark.parametrize("skips", [0, 2])
@@ -100,18 +126,38 @@ def test_changed_hyperparameter_stops_before_any_job_and_deletes_nothing(tmp_pat
     work = tmp_path / "repo"
     shutil.copytree(REPO, work, ignore=REPO_IGNORE, symlinks=True)
     write_jsonl(work / "corpus.jsonl", corpus_docs(40))
-    cfg = {"data": {"sources": ["corpus.jsonl"], "num_shards": 1, "val_fraction": 0.1},
-           "tokenizer": {"vocab_size": 300},
-           "model": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
-                     "num_key_value_heads": 2},
-           "train": {"seq_len": 64, "global_batch_size": 4, "micro_batch_size": 4, "max_steps": 2, "warmup_steps": 1,
-                     "save_interval": 2, "eval_interval": 2, "threads": 1}}
+    cfg = {
+        "data": {"sources": ["corpus.jsonl"], "num_shards": 1, "val_fraction": 0.1},
+        "tokenizer": {"vocab_size": 300},
+        "model": {
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+        },
+        "train": {
+            "seq_len": 64,
+            "global_batch_size": 4,
+            "micro_batch_size": 4,
+            "max_steps": 2,
+            "warmup_steps": 1,
+            "save_interval": 2,
+            "eval_interval": 2,
+            "threads": 1,
+        },
+    }
     (work / "c.yaml").write_text(yaml.safe_dump(cfg))
     final = "results/default/checkpoints/torch/final"
 
     def snakemake(*args):
-        return subprocess.run([sys.executable, "-m", "snakemake", final, *args, "--profile", "local", "--configfile",
-                               "c.yaml"], cwd=work, capture_output=True, text=True, timeout=600)
+        return subprocess.run(
+            [sys.executable, "-m", "snakemake", final, *args, "--profile", "local", "--configfile", "c.yaml"],
+            cwd=work,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
 
     assert snakemake().returncode == 0
     before = sorted(p.name for p in (work / final).iterdir())
@@ -123,9 +169,25 @@ def test_changed_hyperparameter_stops_before_any_job_and_deletes_nothing(tmp_pat
     assert "run 'default' has checkpoints trained with other settings (step_00000002: train.lr 0.003 -> 0.001)" in text
     assert "--config run=NEW" in text and "train: {resume: false} in your --configfile" in text
     assert sorted(p.name for p in (work / final).iterdir()) == before  # the old model is still there
-    other = subprocess.run([sys.executable, "-m", "snakemake", "results/NEW/checkpoints/torch/final", "-n", "--profile",
-                            "local", "--configfile", "c.yaml", "--config", "run=NEW"], cwd=work, capture_output=True,
-                           text=True, timeout=300)
+    other = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "results/NEW/checkpoints/torch/final",
+            "-n",
+            "--profile",
+            "local",
+            "--configfile",
+            "c.yaml",
+            "--config",
+            "run=NEW",
+        ],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert other.returncode == 0 and "rule train_torch:" in other.stdout  # way out 1: another run
     cfg["train"]["resume"] = False  # way out 2: restart this run
     (work / "c.yaml").write_text(yaml.safe_dump(cfg))
@@ -151,6 +213,7 @@ def test_changed_hyperparameter_stops_before_any_job_and_deletes_nothing(tmp_pat
 
 # ---------------------------------------------------------------- one training core (llmpipe.train)
 
+
 def test_trainers_share_one_core_no_copies():
     """torch, colossal and levanter trainers use llmpipe.train's metrics, fingerprint, optimizer, loss and
     checkpoint steps; none defines its own."""
@@ -160,10 +223,16 @@ def test_trainers_share_one_core_no_copies():
     from llmpipe.backends.torch import train as torch_train
     from llmpipe.train import checkpoint, loop, loss, metrics, optim, resume
 
-    shared = {"MetricsWriter": metrics.MetricsWriter, "fingerprint": resume.fingerprint,
-              "resume_state": resume.resume_state, "build_optimizer": optim.build_optimizer,
-              "lm_loss_sum": loss.lm_loss_sum, "label_count": loss.label_count, "StepLoop": loop.StepLoop,
-              "CheckpointError": checkpoint.CheckpointError}
+    shared = {
+        "MetricsWriter": metrics.MetricsWriter,
+        "fingerprint": resume.fingerprint,
+        "resume_state": resume.resume_state,
+        "build_optimizer": optim.build_optimizer,
+        "lm_loss_sum": loss.lm_loss_sum,
+        "label_count": loss.label_count,
+        "StepLoop": loop.StepLoop,
+        "CheckpointError": checkpoint.CheckpointError,
+    }
     for module in (torch_train, colossal):
         for name, obj in shared.items():
             assert getattr(module, name) is obj, (module.__name__, name)
@@ -193,8 +262,9 @@ def test_metrics_writer_of_every_trainer_copes_with_a_line_cut_short(tmp_path):
         writer = module.MetricsWriter(path, 2, True)  # resumed from step 2: step 3 is trained again
         writer.write({"step": 3, "loss": float("nan")})
         writer.close()
-        records = [json.loads(x, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
-                   for x in path.read_text().splitlines()]
+        records = [
+            json.loads(x, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c))) for x in path.read_text().splitlines()
+        ]
         assert [r["step"] for r in records] == [1, 2, 3], module.__name__
         assert records[-1] == {"step": 3, "loss": None, "nonfinite": ["loss"]}
         (tmp_path / "lev.jsonl").write_text(whole + '{"step": 4, "lo')

@@ -26,8 +26,11 @@ def test_a_second_lock_is_refused_naming_the_holder(tmp_path):
     first.acquire()
     held = json.loads((tmp_path / lockmod.LOCK_NAME).read_text())
     assert (held["host"], held["pid"]) == (socket.gethostname(), os.getpid())
-    other = subprocess.run([sys.executable, "-c", f"from llmpipe.train.lock import TrainerLock; TrainerLock({str(tmp_path)!r}).acquire()"],
-                           capture_output=True, text=True)
+    other = subprocess.run(
+        [sys.executable, "-c", f"from llmpipe.train.lock import TrainerLock; TrainerLock({str(tmp_path)!r}).acquire()"],
+        capture_output=True,
+        text=True,
+    )
     assert other.returncode != 0 and f"pid {os.getpid()} on host {socket.gethostname()}" in other.stderr
     first.release()
     assert not (tmp_path / lockmod.LOCK_NAME).exists()
@@ -78,15 +81,38 @@ def test_kill_9_of_snakemake_stops_its_trainer_and_the_rerun_resumes_exactly(tmp
     work = tmp_path / "repo"
     shutil.copytree(REPO, work, ignore=REPO_IGNORE, symlinks=True)
     write_jsonl(work / "corpus.jsonl", corpus_docs(80))
-    cfg = {"data": {"sources": ["corpus.jsonl"], "num_shards": 1, "val_fraction": 0.1},
-           "tokenizer": {"vocab_size": 400}, "model": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2},
-           "train": {"seq_len": 64, "global_batch_size": 8, "micro_batch_size": 4, "max_steps": 800, "warmup_steps": 5,
-                     "save_interval": 20, "eval_interval": 800, "log_interval": 1, "threads": 1}}
+    cfg = {
+        "data": {"sources": ["corpus.jsonl"], "num_shards": 1, "val_fraction": 0.1},
+        "tokenizer": {"vocab_size": 400},
+        "model": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2},
+        "train": {
+            "seq_len": 64,
+            "global_batch_size": 8,
+            "micro_batch_size": 4,
+            "max_steps": 800,
+            "warmup_steps": 5,
+            "save_interval": 20,
+            "eval_interval": 800,
+            "log_interval": 1,
+            "threads": 1,
+        },
+    }
     (work / "c.yaml").write_text(yaml.safe_dump(cfg))
 
     def snakemake(run, *extra, **kw):
-        cmd = [sys.executable, "-m", "snakemake", f"results/{run}/checkpoints/torch/final", "--cores", "2",
-               "--configfile", "c.yaml", "--config", f"run={run}", *extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "snakemake",
+            f"results/{run}/checkpoints/torch/final",
+            "--cores",
+            "2",
+            "--configfile",
+            "c.yaml",
+            "--config",
+            f"run={run}",
+            *extra,
+        ]
         return subprocess.Popen(cmd, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
 
     whole = snakemake("whole")
@@ -106,8 +132,14 @@ def test_kill_9_of_snakemake_stops_its_trainer_and_the_rerun_resumes_exactly(tmp
     steps_before = [json.loads(line)["step"] for line in metrics.read_text().splitlines() if '"loss"' in line]
     assert steps_before and max(steps_before) < 800
 
-    assert subprocess.run([sys.executable, "-m", "snakemake", "--unlock", "--cores", "1", "--configfile", "c.yaml"],
-                          cwd=work, capture_output=True).returncode == 0
+    assert (
+        subprocess.run(
+            [sys.executable, "-m", "snakemake", "--unlock", "--cores", "1", "--configfile", "c.yaml"],
+            cwd=work,
+            capture_output=True,
+        ).returncode
+        == 0
+    )
     again = snakemake("killed", "--rerun-incomplete")
     out, _ = again.communicate(timeout=600)
     assert again.returncode == 0, out[-3000:]

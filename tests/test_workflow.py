@@ -16,8 +16,13 @@ SKIP = REPO_IGNORE
 
 
 def snakemake(cwd, *args, timeout=900):
-    return subprocess.run([sys.executable, "-m", "snakemake", "--profile", "profiles/local", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "snakemake", "--profile", "profiles/local", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +35,18 @@ def workdir(tmp_path_factory):
 def test_dry_run_lists_every_stage(workdir):
     proc = snakemake(workdir, "-n", timeout=120)
     assert proc.returncode == 0, proc.stderr
-    for rule in ("get_data", "tokenizer", "tokenize", "token_store", "pack_view", "verify_data", "init_model",
-                 "train_torch", "export_hf", "evaluate"):
+    for rule in (
+        "get_data",
+        "tokenizer",
+        "tokenize",
+        "token_store",
+        "pack_view",
+        "verify_data",
+        "init_model",
+        "train_torch",
+        "export_hf",
+        "evaluate",
+    ):
         assert f"rule {rule}:" in proc.stdout, rule
     assert proc.stdout.count("rule tokenize:") == 2  # one job per shard (scatter)
 
@@ -48,10 +63,21 @@ def test_embedded_default_end_to_end(workdir):
     proc = snakemake(workdir)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     run = workdir / "results" / "default"
-    for rel in ("data/sources.json", "data/tokens/manifest.json", "data/views/hf/view.json", "data/stats.json",
-                "tokenizer",
-                "checkpoints/init/config.json", "checkpoints/torch/final/model.safetensors", "hf/model.safetensors",
-                "hf/config.json", "hf/tokenizer.json", "eval.json", "train/metrics.jsonl", "logs/train_torch.log"):
+    for rel in (
+        "data/sources.json",
+        "data/tokens/manifest.json",
+        "data/views/hf/view.json",
+        "data/stats.json",
+        "tokenizer",
+        "checkpoints/init/config.json",
+        "checkpoints/torch/final/model.safetensors",
+        "hf/model.safetensors",
+        "hf/config.json",
+        "hf/tokenizer.json",
+        "eval.json",
+        "train/metrics.jsonl",
+        "logs/train_torch.log",
+    ):
         assert (run / rel).exists(), rel
 
     recs = [json.loads(line) for line in (run / "train" / "metrics.jsonl").read_text().splitlines()]
@@ -90,17 +116,32 @@ def test_embedded_default_end_to_end(workdir):
 
 def test_ddp_config_launches_torchrun_and_local_tokenizer_is_copied(workdir, tmp_path):
     overlay = tmp_path / "o.yaml"
-    overlay.write_text("run: ddp\ntrain: {threads: 1}\nparallel: {nproc_per_node: 2}\ntokenizer: {source: data/tokenizers/gpt2}\n")
+    overlay.write_text(
+        "run: ddp\ntrain: {threads: 1}\nparallel: {nproc_per_node: 2}\ntokenizer: {source: data/tokenizers/gpt2}\n"
+    )
     proc = snakemake(workdir, "-n", "-p", "--configfile", str(overlay), timeout=120)
     assert proc.returncode == 0, proc.stderr
     launch = "python -m llmpipe launch --nproc-per-node 2 --nnodes 1 --launcher auto"
     assert f"{launch} --lock results/ddp/checkpoints/torch -- -m llmpipe torch-train" in proc.stdout
     # ... which runs torchrun --standalone outside Slurm
-    cmd = subprocess.run([sys.executable, *launch.split()[1:], "--dry-run", "--", "-m", "llmpipe", "torch-train"],
-                         cwd=workdir, capture_output=True, text=True, timeout=60,
-                         env={k: v for k, v in os.environ.items() if not k.startswith("SLURM_")})
-    assert cmd.stdout.split()[1:] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                                      "-m", "llmpipe", "torch-train"], cmd.stdout + cmd.stderr
+    cmd = subprocess.run(
+        [sys.executable, *launch.split()[1:], "--dry-run", "--", "-m", "llmpipe", "torch-train"],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if not k.startswith("SLURM_")},
+    )
+    assert cmd.stdout.split()[1:] == [
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "llmpipe",
+        "torch-train",
+    ], cmd.stdout + cmd.stderr
     assert "data/tokenizers/gpt2/tokenizer.json" in proc.stdout  # tracked as the tokenizer rule's input
     assert "results/ddp/" in proc.stdout and "max_steps" in proc.stdout
 
@@ -123,8 +164,13 @@ def test_plan_and_report_after_the_run(workdir):
     assert abs(plan["schedule"]["epochs"] - last["epoch"]) < 1e-9
     assert "| p5.48xlarge |" in (run / "plan.md").read_text()
 
-    est = subprocess.run([sys.executable, "-m", "llmpipe", "plan", "--config", "config/config.yaml", "--estimate",
-                          "--out", "estimate.json"], cwd=workdir, capture_output=True, text=True, timeout=300)
+    est = subprocess.run(
+        [sys.executable, "-m", "llmpipe", "plan", "--config", "config/config.yaml", "--estimate", "--out", "estimate.json"],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert est.returncode == 0, est.stderr[-3000:]
     estimate = json.loads((workdir / "estimate.json").read_text())["data"]
     assert estimate["source"] == "estimate" and abs(estimate["train_rows"] - rows) <= 0.02 * rows, (estimate, rows)

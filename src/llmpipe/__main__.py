@@ -76,8 +76,11 @@ def main(argv: list[str] | None = None) -> None:
 
 
 STORAGE_ERRNOS = {
-    errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
-    errno.EACCES: "permission denied", errno.EPERM: "operation not permitted", errno.EROFS: "read-only file system",
+    errno.ENOSPC: "no space left on device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+    errno.EROFS: "read-only file system",
 }
 # Libraries that lose the errno on a failed write (torch.save: "file write failed").
 WRITE_FAILED = ("No space left on device", "file write failed", "Disk quota exceeded")
@@ -103,7 +106,11 @@ def storage_error(exc: BaseException, argv: list[str]) -> str | None:
     outputs = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a in OUTPUT_FLAGS]
     where = re.sub(r"/\.([^/]+)\.tmp-\d+(?=/|$)", r"/\1", str(path)) if path else " / ".join(outputs) or os.getcwd()
     full = what in ("no space left on device", "disk quota exceeded") or what.startswith("write failed")
-    hint = "free space there or choose another results_dir" if full else "check that folder's owner, mode and mount, or choose another results_dir"
+    hint = (
+        "free space there or choose another results_dir"
+        if full
+        else "check that folder's owner, mode and mount, or choose another results_dir"
+    )
     return f"{what}: {where} ({hint})"
 
 

@@ -17,8 +17,9 @@ from llmpipe import profiles
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="llmpipe check-config", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="llmpipe check-config", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("config", nargs="*", help="your config YAML/JSON files, in --configfile order")
     p.add_argument("--profile", help="Snakemake profile name or folder (its llmpipe.yaml is a layer)")
     args = p.parse_args(argv)

@@ -67,22 +67,38 @@ def _is_number(checker, value) -> bool:
 
 _Validator = jsonschema.validators.extend(
     _with_defaults(jsonschema.Draft202012Validator),
-    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine_many(
-        {"integer": _is_integer, "number": _is_number}),
+    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine_many({"integer": _is_integer, "number": _is_number}),
 )
 
 
 # Names other tools use (NxD, SageMaker marketplace, HF Trainer) for keys of ours.
 ALIASES = {
-    "learning_rate": "lr", "max_step": "max_steps", "train_batch_size": "global_batch_size",
-    "per_device_train_batch_size": "micro_batch_size", "batch_size": "global_batch_size",
-    "save_step_interval": "save_interval", "eval_step_interval": "eval_interval",
-    "checkpoint_freq": "save_interval", "max_grad_norm": "grad_clip", "adam_beta1": "beta1",
-    "adam_beta2": "beta2", "block_size": "seq_len", "max_length": "seq_len", "seq_length": "seq_len",
+    "learning_rate": "lr",
+    "max_step": "max_steps",
+    "train_batch_size": "global_batch_size",
+    "per_device_train_batch_size": "micro_batch_size",
+    "batch_size": "global_batch_size",
+    "save_step_interval": "save_interval",
+    "eval_step_interval": "eval_interval",
+    "checkpoint_freq": "save_interval",
+    "max_grad_norm": "grad_clip",
+    "adam_beta1": "beta1",
+    "adam_beta2": "beta2",
+    "block_size": "seq_len",
+    "max_length": "seq_len",
+    "seq_length": "seq_len",
     # resources: sbatch / Slurm names
-    "mem": "mem_mb", "memory": "mem_mb", "cpus": "cpus_per_task", "cpus_per_node": "cpus_per_task",
-    "time": "runtime", "walltime": "runtime", "gpus": "gpu", "partition": "slurm_partition",
-    "account": "slurm_account", "nodes": "nnodes", "num_nodes": "nnodes",
+    "mem": "mem_mb",
+    "memory": "mem_mb",
+    "cpus": "cpus_per_task",
+    "cpus_per_node": "cpus_per_task",
+    "time": "runtime",
+    "walltime": "runtime",
+    "gpus": "gpu",
+    "partition": "slurm_partition",
+    "account": "slurm_account",
+    "nodes": "nnodes",
+    "num_nodes": "nnodes",
 }
 
 
@@ -124,8 +140,9 @@ def _describe(error: jsonschema.ValidationError, schema: dict) -> str:
 def validate(config: dict | None, whole: bool = True) -> dict:
     """Validate a config (mutated in place: defaults filled) and return it.
 
-    whole: also run the selected backend's checks (check-config and the workflow, where the whole config
-    is known; a job's slice of it, read by `load`, was checked there). Raises ConfigError naming every
+    whole: also run the selected backend's checks and the resource rule names (check-config and the
+    workflow, where the whole config and the workflow are at hand; a job's slice of the config, read by
+    `load`, was checked there). Raises ConfigError naming every
     offending key.
     """
     config = {} if config is None else config
@@ -141,7 +158,7 @@ def validate(config: dict | None, whole: bool = True) -> dict:
         lines = "\n".join(f"  - {_describe(e, schema)}" for e in errors)
         raise ConfigError(f"invalid llmpipe config:\n{lines}")
     parallelism.resolve(config)
-    problems = _cross_checks(config) + _hub_checks(config) + _resource_checks(config)
+    problems = _cross_checks(config) + _hub_checks(config) + (_resource_checks(config) if whole else [])
     if whole and not problems:  # a backend's checks may assume the shared keys are consistent
         problems = backend_checks(config)
     if problems:
@@ -159,18 +176,24 @@ def _cross_checks(config: dict) -> list[str]:
         if model["hidden_size"] % heads:
             out.append(f"'model.hidden_size' ({model['hidden_size']}) is not a multiple of 'model.num_attention_heads' ({heads})")
         elif (model["hidden_size"] // heads) % 2:
-            out.append(f"'model.hidden_size' / 'model.num_attention_heads' = {model['hidden_size'] // heads}"
-                       " must be even (rotary embeddings rotate pairs)")
+            out.append(
+                f"'model.hidden_size' / 'model.num_attention_heads' = {model['hidden_size'] // heads}"
+                " must be even (rotary embeddings rotate pairs)"
+            )
         if heads % kv:
             out.append(f"'model.num_attention_heads' ({heads}) is not a multiple of 'model.num_key_value_heads' ({kv})")
     tp = config["parallel"]["tp"]
     if train["seq_len"] % tp:
-        out.append(f"'train.seq_len' ({train['seq_len']}) is not a multiple of 'parallel.tp' ({tp}): sequence parallelism"
-                   " splits each sequence over the tensor-parallel ranks")
+        out.append(
+            f"'train.seq_len' ({train['seq_len']}) is not a multiple of 'parallel.tp' ({tp}): sequence parallelism"
+            " splits each sequence over the tensor-parallel ranks"
+        )
     if train["slurm_auto_resume"]:
         if train["backend"] not in ("torch", "colossal", "neuron"):
-            out.append(f"'train.slurm_auto_resume' applies to jobs launched with srun (backends torch, neuron, colossal with"
-                       f" colossal.launcher llmpipe); train.backend is {train['backend']!r}")
+            out.append(
+                f"'train.slurm_auto_resume' applies to jobs launched with srun (backends torch, neuron, colossal with"
+                f" colossal.launcher llmpipe); train.backend is {train['backend']!r}"
+            )
         elif train["launcher"] == "local":
             out.append("'train.slurm_auto_resume' needs srun, but 'train.launcher' is local")
     if model["init_from"] is None and config["tokenizer"]["source"] == "base":
@@ -184,8 +207,9 @@ def _resource_checks(config: dict) -> list[str]:
     names = backends.workflow_rules()
     unknown = sorted(set(config["resources"]) - names - {"default", "train"})
     if unknown:
-        return [f"unknown rule(s) under 'resources': {', '.join(unknown)}; use default, train or one of: "
-                f"{', '.join(sorted(names))}"]
+        return [
+            f"unknown rule(s) under 'resources': {', '.join(unknown)}; use default, train or one of: {', '.join(sorted(names))}"
+        ]
     return []
 
 

@@ -29,8 +29,9 @@ TRAINING = re.compile(r"^(train_\w+|neuron_precompile)$")
 
 
 def snakemake(args: list[str], env: dict | None = None, cwd: Path | None = None) -> str:
-    proc = subprocess.run([sys.executable, "-m", "snakemake", *args], capture_output=True, text=True,
-                          env=env, cwd=cwd, timeout=1800)
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=1800
+    )
     if proc.returncode:
         raise SystemExit(f"llmpipe dag: snakemake {' '.join(args)} failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
     return proc.stdout
@@ -96,7 +97,9 @@ def asks(rule: str, info: dict, job: dict, plan: dict | None) -> list[str]:
     cpus = res.get("cpus_per_task") or str(job["threads"])
     mem = f"{int(res['mem_mb']) / 1000:g} GB" if "mem_mb" in res else "?"
     time = _hours(res["runtime"]) if "runtime" in res else "no limit"
-    lines.append(", ".join(devices + [f"{cpus} CPUs", mem, time] + (["exclusive"] if "exclusive" in res.get("slurm_extra", "") else [])))
+    lines.append(
+        ", ".join(devices + [f"{cpus} CPUs", mem, time] + (["exclusive"] if "exclusive" in res.get("slurm_extra", "") else []))
+    )
     if plan and rule == f"train_{info['backend']}":
         lines += plan_lines(plan)
     return lines
@@ -118,8 +121,12 @@ def dot_source(rules: list[str], edges: list[tuple[str, str]], labels: dict[str,
     def esc(text: str) -> str:
         return text.replace("\\", "\\\\").replace('"', '\\"')
 
-    lines = ["digraph planning {", "  rankdir=TB;", '  node [shape=box, style="rounded", fontname="Helvetica", fontsize=10];',
-             "  edge [color=grey40];"]
+    lines = [
+        "digraph planning {",
+        "  rankdir=TB;",
+        '  node [shape=box, style="rounded", fontname="Helvetica", fontsize=10];',
+        "  edge [color=grey40];",
+    ]
     for r in rules:
         body = "\\n".join(esc(x) for x in [r, *labels.get(r, [])])
         bold = ", penwidth=2.5, color=firebrick" if TRAINING.match(r) else ""
@@ -166,12 +173,27 @@ def draw(rules: list[str], edges: list[tuple[str, str]], labels: dict[str, list[
             pos[r] = ((i - (len(names) - 1) / 2) * (box_w + 0.6), -d * (box_h + 0.7))
     for a, b in edges:
         (xa, ya), (xb, yb) = pos[a], pos[b]
-        ax.annotate("", xy=(xb, yb + box_h / 2), xytext=(xa, ya - box_h / 2),
-                    arrowprops={"arrowstyle": "->", "color": "grey", "lw": 1}, zorder=1)
+        ax.annotate(
+            "",
+            xy=(xb, yb + box_h / 2),
+            xytext=(xa, ya - box_h / 2),
+            arrowprops={"arrowstyle": "->", "color": "grey", "lw": 1},
+            zorder=1,
+        )
     for r, (x, y) in pos.items():
         train = bool(TRAINING.match(r))
-        ax.add_patch(plt.Rectangle((x - box_w / 2, y - box_h / 2), box_w, box_h, fill=True, facecolor="white",
-                                   edgecolor="firebrick" if train else "steelblue", lw=2 if train else 1, zorder=2))
+        ax.add_patch(
+            plt.Rectangle(
+                (x - box_w / 2, y - box_h / 2),
+                box_w,
+                box_h,
+                fill=True,
+                facecolor="white",
+                edgecolor="firebrick" if train else "steelblue",
+                lw=2 if train else 1,
+                zorder=2,
+            )
+        )
         ax.text(x, y + box_h / 2 - 0.12, r, ha="center", va="top", fontsize=8, fontweight="bold", zorder=3)
         body = "\n".join(textwrap.fill(line, 44) for line in labels.get(r, []))
         ax.text(x, y + box_h / 2 - 0.38, body, ha="center", va="top", fontsize=5.5, zorder=3)
@@ -186,8 +208,7 @@ def draw(rules: list[str], edges: list[tuple[str, str]], labels: dict[str, list[
     plt.close(fig)
 
 
-def render(rules: list[str], edges: list[tuple[str, str]], labels: dict[str, list[str]], out: Path,
-           use_dot: bool = True) -> str:
+def render(rules: list[str], edges: list[tuple[str, str]], labels: dict[str, list[str]], out: Path, use_dot: bool = True) -> str:
     """Write planning-dag.{dot,md,svg,png}; returns what drew the picture ("graphviz" or "matplotlib")."""
     source = dot_source(rules, edges, labels)
     for suffix, text in (("dot", source), ("md", "```mermaid\n" + mermaid(rules, edges, labels) + "```\n")):
@@ -240,8 +261,15 @@ def planning_dag(profile: str | None, extra: list[str], out_dir: Path, use_dot: 
         labels.setdefault(f"train_{info['backend']}", []).append(problem)
     out_dir.mkdir(parents=True, exist_ok=True)
     drawn = render(rules, edges, labels, out_dir / "planning-dag", use_dot)
-    return {"rules": rules, "edges": edges, "labels": labels, "plan": plan, "drawn_with": drawn,
-            "backend": info["backend"], "profile": info["profile"]}
+    return {
+        "rules": rules,
+        "edges": edges,
+        "labels": labels,
+        "plan": plan,
+        "drawn_with": drawn,
+        "backend": info["backend"],
+        "profile": info["profile"],
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -252,7 +280,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default="dag", help="folder for planning-dag.{svg,png,dot,md} (default: dag)")
     p.add_argument("--no-graphviz", action="store_true", help="draw with matplotlib even where dot is installed")
     args = p.parse_args(argv[:split])
-    result = planning_dag(args.profile, argv[split + 1:], Path(args.out), use_dot=not args.no_graphviz)
+    result = planning_dag(args.profile, argv[split + 1 :], Path(args.out), use_dot=not args.no_graphviz)
     out = Path(args.out) / "planning-dag"
-    print(f"llmpipe dag: backend {result['backend']}, {len(result['rules'])} rules; wrote {out}.svg, {out}.png "
-          f"(drawn with {result['drawn_with']}), {out}.dot, {out}.md")
+    print(
+        f"llmpipe dag: backend {result['backend']}, {len(result['rules'])} rules; wrote {out}.svg, {out}.png "
+        f"(drawn with {result['drawn_with']}), {out}.dot, {out}.md"
+    )

@@ -33,10 +33,17 @@ def evaluate(model_dir: str | Path, view_dir: str | Path, out: str | Path, batch
     val = datasets.load_from_disk(str(Path(view_dir) / "val")).with_format("torch")
     loss, tokens = dataset_loss(model, val, batch_size, device, progress="evaluate")
     if not math.isfinite(loss):
-        raise SystemExit(f"llmpipe evaluate: validation loss of {model_dir} is {loss} (non-finite): the model is "
-                         "damaged; no eval.json written")
-    result = {"val_loss": loss, "perplexity": math.exp(loss), "tokens": tokens, "sequences": len(val),
-              "model": str(model_dir), "data": str(Path(view_dir) / "val")}
+        raise SystemExit(
+            f"llmpipe evaluate: validation loss of {model_dir} is {loss} (non-finite): the model is damaged; no eval.json written"
+        )
+    result = {
+        "val_loss": loss,
+        "perplexity": math.exp(loss),
+        "tokens": tokens,
+        "sequences": len(val),
+        "model": str(model_dir),
+        "data": str(Path(view_dir) / "val"),
+    }
     write_json(out, result)
     log.info("eval: %s", result)
     return result

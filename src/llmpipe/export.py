@@ -30,8 +30,13 @@ def check_tokenizer(trained: str | Path, tokenizer_dir: str | Path, manifest: st
         check_same_tokenizer(trained, expected, f"the token store {manifest}")
 
 
-def export(trained: str | Path, tokenizer_dir: str | Path, out_dir: str | Path, dtype: str = "float32",
-           manifest: str | Path | None = None) -> None:
+def export(
+    trained: str | Path,
+    tokenizer_dir: str | Path,
+    out_dir: str | Path,
+    dtype: str = "float32",
+    manifest: str | Path | None = None,
+) -> None:
     from transformers import AutoModelForCausalLM
 
     check_tokenizer(trained, tokenizer_dir, manifest)
@@ -41,8 +46,10 @@ def export(trained: str | Path, tokenizer_dir: str | Path, out_dir: str | Path, 
     tok = load_tokenizer(tokenizer_dir)
     bad = [name for name, t in model.state_dict().items() if t.is_floating_point() and not torch.isfinite(t).all()]
     if bad:
-        raise SystemExit(f"llmpipe export: {trained} has non-finite weights in {', '.join(bad[:5])}"
-                         f"{f' (+{len(bad) - 5} more)' if len(bad) > 5 else ''}: refusing to export a damaged model")
+        raise SystemExit(
+            f"llmpipe export: {trained} has non-finite weights in {', '.join(bad[:5])}"
+            f"{f' (+{len(bad) - 5} more)' if len(bad) > 5 else ''}: refusing to export a damaged model"
+        )
     if model.get_input_embeddings().weight.shape[0] < len(tok):
         raise ValueError(f"{trained}: fewer embedding rows than tokenizer entries ({len(tok)})")
     with atomic_path(out_dir) as tmp:

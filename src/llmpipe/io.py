@@ -10,8 +10,8 @@ import math
 import os
 import re
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 
 @contextlib.contextmanager
@@ -35,7 +35,7 @@ def atomic_path(target: str | Path) -> Iterator[Path]:
 def _remove_stale(target: Path) -> None:
     """Temporary siblings of `target` left by killed writers (`.name.tmp-PID*`, PID not running here)."""
     for stale in target.parent.glob(f".{glob.escape(target.name)}.tmp-*"):
-        m = re.match(r"\d+", stale.name[len(target.name) + 6:])
+        m = re.match(r"\d+", stale.name[len(target.name) + 6 :])
         if m and int(m.group()) != os.getpid() and not pid_running(int(m.group())):
             _remove(stale)
 

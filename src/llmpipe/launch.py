@@ -31,8 +31,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping
 
 # Variables a nested srun may keep; the rest describe the enclosing step and would leak into ours.
 SRUN_KEEP = {"SLURM_JOB_ID", "SLURM_JOBID", "SLURM_CONF", "SLURM_CLUSTER_NAME"}
@@ -83,8 +83,14 @@ def local_command(args: list[str], nproc: int, python: str = sys.executable) -> 
     return [python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), *args]
 
 
-def srun_command(args: list[str], alloc: Allocation, nproc: int, port: int | None = None,
-                 python: str = sys.executable, auto_resume: bool = False) -> list[str]:
+def srun_command(
+    args: list[str],
+    alloc: Allocation,
+    nproc: int,
+    port: int | None = None,
+    python: str = sys.executable,
+    auto_resume: bool = False,
+) -> list[str]:
     """One task per node of the job, each running `launch --node-task` (which execs torchrun)."""
     n = len(alloc.hosts)
     cmd = ["srun", "--overlap", "--kill-on-bad-exit=1", f"--nodes={n}", f"--ntasks={n}", "--ntasks-per-node=1"]
@@ -92,43 +98,83 @@ def srun_command(args: list[str], alloc: Allocation, nproc: int, port: int | Non
         cmd.insert(1, "--auto-resume=1")  # HyperPod's Slurm plugin (its recipes: srun --auto-resume=1)
     if alloc.cpus_per_task:
         cmd.append(f"--cpus-per-task={alloc.cpus_per_task}")
-    return cmd + [python, "-m", "llmpipe", "launch", "--node-task", "--nnodes", str(n), "--nproc-per-node", str(nproc),
-                  "--master", f"{alloc.hosts[0]}:{rdzv_port(alloc.job_id, port)}", "--", *args]
+    return cmd + [
+        python,
+        "-m",
+        "llmpipe",
+        "launch",
+        "--node-task",
+        "--nnodes",
+        str(n),
+        "--nproc-per-node",
+        str(nproc),
+        "--master",
+        f"{alloc.hosts[0]}:{rdzv_port(alloc.job_id, port)}",
+        "--",
+        *args,
+    ]
 
 
-def node_command(args: list[str], env: Mapping[str, str], nnodes: int, nproc: int, master: str,
-                 python: str = sys.executable) -> list[str]:
+def node_command(
+    args: list[str], env: Mapping[str, str], nnodes: int, nproc: int, master: str, python: str = sys.executable
+) -> list[str]:
     """torchrun for this node of an srun step; the node rank is the step's SLURM_NODEID."""
     if "SLURM_NODEID" not in env:
         raise LaunchError("--node-task runs inside `srun` (SLURM_NODEID is not set)")
     host, _, port = master.rpartition(":")
-    return [python, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--node_rank", env["SLURM_NODEID"],
-            "--nproc_per_node", str(nproc), "--master_addr", host, "--master_port", port, *args]
+    return [
+        python,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        str(nnodes),
+        "--node_rank",
+        env["SLURM_NODEID"],
+        "--nproc_per_node",
+        str(nproc),
+        "--master_addr",
+        host,
+        "--master_port",
+        port,
+        *args,
+    ]
 
 
 def srun_env(env: Mapping[str, str]) -> dict[str, str]:
     """The environment for a nested srun: the enclosing step's SLURM_*/SRUN_*/SBATCH_* settings removed."""
-    return {k: v for k, v in env.items()
-            if k in SRUN_KEEP or not k.startswith(("SLURM_", "SRUN_", "SBATCH_"))}
+    return {k: v for k, v in env.items() if k in SRUN_KEEP or not k.startswith(("SLURM_", "SRUN_", "SBATCH_"))}
 
 
-def plan(args: list[str], nproc: int, nnodes: int, launcher: str, alloc: Allocation | None,
-         port: int | None = None, python: str = sys.executable, auto_resume: bool = False) -> list[str]:
+def plan(
+    args: list[str],
+    nproc: int,
+    nnodes: int,
+    launcher: str,
+    alloc: Allocation | None,
+    port: int | None = None,
+    python: str = sys.executable,
+    auto_resume: bool = False,
+) -> list[str]:
     """The command to exec for `launcher` (auto, local, srun) given the Slurm job (or None)."""
     if launcher not in ("auto", "local", "srun"):
         raise LaunchError(f"unknown launcher {launcher!r}: auto, local or srun")
     if auto_resume and launcher == "local":
         raise LaunchError("train.slurm_auto_resume needs srun (HyperPod's --auto-resume); train.launcher is local")
-    use_srun = launcher == "srun" or auto_resume or (
-        launcher == "auto" and (nnodes > 1 or (alloc is not None and len(alloc.hosts) > 1)))
+    use_srun = (
+        launcher == "srun" or auto_resume or (launcher == "auto" and (nnodes > 1 or (alloc is not None and len(alloc.hosts) > 1)))
+    )
     if not use_srun:
         return local_command(args, nproc, python)
     if alloc is None:
-        raise LaunchError(f"launching on {nnodes} node(s) with srun needs a Slurm job (SLURM_JOB_ID is not set); "
-                          "run under a Slurm profile, or set parallel.nnodes: 1 and train.launcher: local")
+        raise LaunchError(
+            f"launching on {nnodes} node(s) with srun needs a Slurm job (SLURM_JOB_ID is not set); "
+            "run under a Slurm profile, or set parallel.nnodes: 1 and train.launcher: local"
+        )
     if len(alloc.hosts) != nnodes:
-        raise LaunchError(f"Slurm job {alloc.job_id} has {len(alloc.hosts)} node(s) ({','.join(alloc.hosts)}) "
-                          f"but {nnodes} were asked for (parallel.nnodes)")
+        raise LaunchError(
+            f"Slurm job {alloc.job_id} has {len(alloc.hosts)} node(s) ({','.join(alloc.hosts)}) "
+            f"but {nnodes} were asked for (parallel.nnodes)"
+        )
     return srun_command(args, alloc, nproc, port, python, auto_resume)
 
 
@@ -178,8 +224,7 @@ def stop_group(child: subprocess.Popen, grace: float = 20.0) -> None:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     split = argv.index("--") if "--" in argv else len(argv)
-    p = argparse.ArgumentParser(prog="llmpipe launch", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="llmpipe launch", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nproc-per-node", type=int, default=1)
     p.add_argument("--nnodes", type=int, default=1, help="nodes expected (parallel.nnodes); checked against the Slurm job")
     p.add_argument("--launcher", default="auto", choices=["auto", "local", "srun"])
@@ -190,7 +235,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--node-task", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--master", help=argparse.SUPPRESS)
     opts = p.parse_args(argv[:split])
-    args = argv[split + 1:]
+    args = argv[split + 1 :]
     if not args:
         raise SystemExit("llmpipe launch: give the python arguments after `--`, e.g. -- -m llmpipe torch-train ...")
     if opts.nproc_per_node < 1 or opts.nnodes < 1:
@@ -201,8 +246,7 @@ def main(argv: list[str] | None = None) -> None:
             cmd = node_command(args, env, opts.nnodes, opts.nproc_per_node, opts.master)
         else:
             alloc = None if opts.launcher == "local" else slurm_allocation(env)
-            cmd = plan(args, opts.nproc_per_node, opts.nnodes, opts.launcher, alloc, opts.port,
-                       auto_resume=opts.auto_resume)
+            cmd = plan(args, opts.nproc_per_node, opts.nnodes, opts.launcher, alloc, opts.port, auto_resume=opts.auto_resume)
             if cmd[0] == "srun":
                 env = srun_env(env)
     except (LaunchError, subprocess.CalledProcessError) as exc:

@@ -10,15 +10,25 @@ from __future__ import annotations
 KEYS = ("nnodes", "nproc_per_node", "tp", "pp", "zero", "activation_checkpointing")
 # Old key -> the parallel key that replaced it.
 MOVED = {
-    "train.nproc": "parallel.nproc_per_node", "train.nnodes": "parallel.nnodes",
-    "colossal.tp": "parallel.tp", "colossal.pp": "parallel.pp", "colossal.zero_stage": "parallel.zero",
+    "train.nproc": "parallel.nproc_per_node",
+    "train.nnodes": "parallel.nnodes",
+    "colossal.tp": "parallel.tp",
+    "colossal.pp": "parallel.pp",
+    "colossal.zero_stage": "parallel.zero",
     "colossal.gradient_checkpointing": "parallel.activation_checkpointing",
-    "neuron.tp": "parallel.tp", "neuron.pp": "parallel.pp", "neuron.zero1": "parallel.zero",
-    "neuron.selective_checkpoint": "parallel.activation_checkpointing", "neuron.cores_per_node": "parallel.nproc_per_node",
+    "neuron.tp": "parallel.tp",
+    "neuron.pp": "parallel.pp",
+    "neuron.zero1": "parallel.zero",
+    "neuron.selective_checkpoint": "parallel.activation_checkpointing",
+    "neuron.cores_per_node": "parallel.nproc_per_node",
     "levanter.gradient_checkpointing": "parallel.activation_checkpointing",
-    "sagemaker.instance_count": "parallel.nnodes", "sagemaker.processes_per_instance": "parallel.nproc_per_node",
-    "plan.tp": "parallel.tp", "plan.pp": "parallel.pp", "plan.zero": "parallel.zero",
-    "plan.activation_checkpointing": "parallel.activation_checkpointing", "plan.instances": "parallel.nnodes",
+    "sagemaker.instance_count": "parallel.nnodes",
+    "sagemaker.processes_per_instance": "parallel.nproc_per_node",
+    "plan.tp": "parallel.tp",
+    "plan.pp": "parallel.pp",
+    "plan.zero": "parallel.zero",
+    "plan.activation_checkpointing": "parallel.activation_checkpointing",
+    "plan.instances": "parallel.nnodes",
 }
 
 
@@ -50,15 +60,25 @@ def resolve(cfg: dict) -> None:
 def trained(cfg: dict) -> dict:
     """The layout training runs with, as the plan prices it. processes_per_node None = one per device."""
     p = cfg["parallel"]
-    return {"backend": cfg["train"]["backend"], "nodes": p["nnodes"], "processes_per_node": p["nproc_per_node"],
-            "tp": p["tp"], "pp": p["pp"], "zero": p["zero"], "activation_checkpointing": p["activation_checkpointing"]}
+    return {
+        "backend": cfg["train"]["backend"],
+        "nodes": p["nnodes"],
+        "processes_per_node": p["nproc_per_node"],
+        "tp": p["tp"],
+        "pp": p["pp"],
+        "zero": p["zero"],
+        "activation_checkpointing": p["activation_checkpointing"],
+    }
 
 
 def refuse(cfg: dict, backend: str, allowed: dict) -> list[str]:
     """A problem per parallel key whose value `backend` cannot train; allowed: key -> accepted values."""
     p = cfg["parallel"]
-    return [f"'parallel.{key}' {p[key]!r}: the {backend} backend trains only with {' or '.join(map(repr, ok))}"
-            for key, ok in allowed.items() if p[key] is not None and p[key] not in ok]
+    return [
+        f"'parallel.{key}' {p[key]!r}: the {backend} backend trains only with {' or '.join(map(repr, ok))}"
+        for key, ok in allowed.items()
+        if p[key] is not None and p[key] not in ok
+    ]
 
 
 def data_parallel_problems(cfg: dict) -> list[str]:
@@ -66,7 +86,9 @@ def data_parallel_problems(cfg: dict) -> list[str]:
     t, p = cfg["train"], cfg["parallel"]
     per_step = t["micro_batch_size"] * (p["nproc_per_node"] or 1) * p["nnodes"]
     if t["global_batch_size"] % per_step:
-        return [f"'train.global_batch_size' ({t['global_batch_size']}) is not a multiple of 'train.micro_batch_size'"
-                f" x 'parallel.nproc_per_node' x 'parallel.nnodes' ({t['micro_batch_size']} x {p['nproc_per_node']} x "
-                f"{p['nnodes']})"]
+        return [
+            f"'train.global_batch_size' ({t['global_batch_size']}) is not a multiple of 'train.micro_batch_size'"
+            f" x 'parallel.nproc_per_node' x 'parallel.nnodes' ({t['micro_batch_size']} x {p['nproc_per_node']} x "
+            f"{p['nnodes']})"
+        ]
     return []

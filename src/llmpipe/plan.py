@@ -25,7 +25,6 @@ tokenizer; see llmpipe.plan_tokens). Formulas (Llama shapes; d = hidden, L = lay
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import logging
 import math
@@ -37,8 +36,8 @@ import yaml
 
 from llmpipe import config as cfgmod
 from llmpipe import parallelism
-from llmpipe.profiles import merge
 from llmpipe.io import atomic_path, write_json
+from llmpipe.profiles import merge
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +67,16 @@ class Shape:
         if missing:
             raise ValueError(f"model config lacks {', '.join(missing)}: the plan needs a Llama-style config.json")
         heads = conf["num_attention_heads"]
-        return cls(conf["vocab_size"], conf["hidden_size"], conf["intermediate_size"], conf["num_hidden_layers"], heads,
-                   conf.get("num_key_value_heads") or heads, conf.get("head_dim") or conf["hidden_size"] // heads,
-                   bool(conf.get("tie_word_embeddings", False)))
+        return cls(
+            conf["vocab_size"],
+            conf["hidden_size"],
+            conf["intermediate_size"],
+            conf["num_hidden_layers"],
+            heads,
+            conf.get("num_key_value_heads") or heads,
+            conf.get("head_dim") or conf["hidden_size"] // heads,
+            bool(conf.get("tie_word_embeddings", False)),
+        )
 
 
 def parameters(s: Shape) -> int:
@@ -109,8 +115,9 @@ def activation_bytes_per_token_layer(s: Shape, selective: bool = False) -> int:
     return 2 * (4 * s.hidden_size + 2 * q + 2 * kv + (0 if selective else 3 * s.intermediate_size))
 
 
-def memory(s: Shape, n_params: int, seq_len: int, micro: int, accum: int, tp: int, pp: int, dp: int, zero: int,
-           checkpointing: bool | str) -> dict:
+def memory(
+    s: Shape, n_params: int, seq_len: int, micro: int, accum: int, tp: int, pp: int, dp: int, zero: int, checkpointing: bool | str
+) -> dict:
     """Bytes per device (see the module docstring for the model)."""
     shard = n_params / (tp * pp)
     weights = 2 * shard / (dp if zero >= 3 else 1)
@@ -163,9 +170,15 @@ def data_from_view(view_dir: Path, seq_len: int) -> dict:
     if info["seq_len"] != seq_len:
         raise ValueError(f"{view_dir} was packed for seq_len {info['seq_len']}, train.seq_len is {seq_len}")
     train, val = info["train"], info["val"]
-    return {"source": "packed view", "path": str(view_dir), "train_rows": train["rows"],
-            "tokens_per_epoch": train["rows"] * seq_len, "train_tokens_packed": train["tokens_packed"],
-            "dropped_tokens": train["dropped_tokens"], "val_tokens": val["tokens_packed"]}
+    return {
+        "source": "packed view",
+        "path": str(view_dir),
+        "train_rows": train["rows"],
+        "tokens_per_epoch": train["rows"] * seq_len,
+        "train_tokens_packed": train["tokens_packed"],
+        "dropped_tokens": train["dropped_tokens"],
+        "val_tokens": val["tokens_packed"],
+    }
 
 
 def rows_for(tokens: int, seq_len: int, remainder: str) -> int:
@@ -176,8 +189,13 @@ def data_from_store(manifest: Path, cfg: dict) -> dict:
     totals = json.loads(manifest.read_text())["totals"]
     seq_len = cfg["train"]["seq_len"]
     rows = rows_for(totals["train"]["tokens"], seq_len, cfg["data"]["remainder"])
-    return {"source": "token store (before packing)", "path": str(manifest), "train_rows": rows,
-            "tokens_per_epoch": rows * seq_len, "val_tokens": totals["val"]["tokens"]}
+    return {
+        "source": "token store (before packing)",
+        "path": str(manifest),
+        "train_rows": rows,
+        "tokens_per_epoch": rows * seq_len,
+        "val_tokens": totals["val"]["tokens"],
+    }
 
 
 def shape_from_config(cfg: dict, tokenizer_dir: Path | None) -> tuple[Shape, str]:
@@ -188,15 +206,19 @@ def shape_from_config(cfg: dict, tokenizer_dir: Path | None) -> tuple[Shape, str
         found = cfgmod.base_config_json(cfg)
         if found is not None:
             return Shape.from_hf(json.loads(found.read_text())), str(found)
-        return (sized_shape(m, cfg["tokenizer"]["vocab_size"]),
-                f"model sizes and tokenizer.vocab_size from the config ({m['init_from']} not downloaded yet)")
+        return (
+            sized_shape(m, cfg["tokenizer"]["vocab_size"]),
+            f"model sizes and tokenizer.vocab_size from the config ({m['init_from']} not downloaded yet)",
+        )
     if cfg["tokenizer"]["source"] != "train" or tokenizer_dir is not None:
         from llmpipe.data.tokenizer import load_backend
 
         tok = tokenizer_dir or tokenizer_folder(cfg)
         if tok is None:
-            raise ValueError(f"tokenizer.source {cfg['tokenizer']['source']!r} is a Hub id not downloaded yet: run "
-                             "the tokenizer stage first (snakemake <results>/<run>/tokenizer) and plan again")
+            raise ValueError(
+                f"tokenizer.source {cfg['tokenizer']['source']!r} is a Hub id not downloaded yet: run "
+                "the tokenizer stage first (snakemake <results>/<run>/tokenizer) and plan again"
+            )
         vocab, where = load_backend(tok).get_vocab_size(with_added_tokens=True), str(tok)
     else:
         vocab, where = cfg["tokenizer"]["vocab_size"], "tokenizer.vocab_size"
@@ -206,9 +228,16 @@ def shape_from_config(cfg: dict, tokenizer_dir: Path | None) -> tuple[Shape, str
 def sized_shape(m: dict, vocab: int) -> Shape:
     """The Llama of the config's model.* sizes, its vocab rounded up to model.vocab_multiple."""
     heads = m["num_attention_heads"]
-    return Shape(-(-vocab // m["vocab_multiple"]) * m["vocab_multiple"], m["hidden_size"], m["intermediate_size"],
-                 m["num_hidden_layers"], heads, m["num_key_value_heads"], m["hidden_size"] // heads,
-                 m["tie_word_embeddings"])
+    return Shape(
+        -(-vocab // m["vocab_multiple"]) * m["vocab_multiple"],
+        m["hidden_size"],
+        m["intermediate_size"],
+        m["num_hidden_layers"],
+        heads,
+        m["num_key_value_heads"],
+        m["hidden_size"] // heads,
+        m["tie_word_embeddings"],
+    )
 
 
 # ---------------------------------------------------------------- the plan
@@ -232,10 +261,20 @@ def schedule(cfg: dict, train_rows: int) -> dict:
         steps, source = t["max_steps"], "train.max_steps"
     steps = max(1, steps)
     warmup = round(p["warmup_fraction"] * steps) if p["warmup_fraction"] is not None else t["warmup_steps"]
-    out = {"steps": steps, "steps_from": source, "global_batch_size": gb, "micro_batch_size": t["micro_batch_size"],
-           "seq_len": seq, "tokens_per_step": per_step, "tokens": steps * per_step,
-           "epochs": steps * gb / train_rows if train_rows else None,
-           "warmup_steps": warmup, "warmup_fraction": warmup / steps, "train_max_steps": t["max_steps"], "overlay": None}
+    out = {
+        "steps": steps,
+        "steps_from": source,
+        "global_batch_size": gb,
+        "micro_batch_size": t["micro_batch_size"],
+        "seq_len": seq,
+        "tokens_per_step": per_step,
+        "tokens": steps * per_step,
+        "epochs": steps * gb / train_rows if train_rows else None,
+        "warmup_steps": warmup,
+        "warmup_fraction": warmup / steps,
+        "train_max_steps": t["max_steps"],
+        "overlay": None,
+    }
     if steps != t["max_steps"] or warmup != t["warmup_steps"]:
         out["overlay"] = {"train": {"max_steps": steps, "warmup_steps": warmup}}
     return out
@@ -250,19 +289,32 @@ def option(name: str, spec: dict, cfg: dict, layout: dict, shape: Shape, n_param
     mp = layout["tp"] * layout["pp"]
     mfu = p["mfu"] if p["mfu"] is not None else spec["mfu"]
     seconds = total_flops / (devices * spec["peak_tflops"] * 1e12 * mfu)
-    row = {"name": name, "accelerator": spec.get("accelerator", ""), "instances": instances, "devices": devices,
-           "devices_per_instance": spec["devices"], "processes_per_instance": per_node,
-           "peak_tflops": spec["peak_tflops"], "mfu": mfu, "price_per_hour": spec["price_per_hour"],
-           "hours": seconds / 3600, "cost_usd": seconds / 3600 * spec["price_per_hour"] * instances,
-           "hbm_gib": spec["hbm_gib"], "warnings": []}
+    row = {
+        "name": name,
+        "accelerator": spec.get("accelerator", ""),
+        "instances": instances,
+        "devices": devices,
+        "devices_per_instance": spec["devices"],
+        "processes_per_instance": per_node,
+        "peak_tflops": spec["peak_tflops"],
+        "mfu": mfu,
+        "price_per_hour": spec["price_per_hour"],
+        "hours": seconds / 3600,
+        "cost_usd": seconds / 3600 * spec["price_per_hour"] * instances,
+        "hbm_gib": spec["hbm_gib"],
+        "warnings": [],
+    }
     if per_node > spec["devices"]:
-        row["warnings"].append(f"{name}: {per_node} processes per node (parallel.nproc_per_node) but "
-                               f"the instance has {spec['devices']} devices; no layout")
+        row["warnings"].append(
+            f"{name}: {per_node} processes per node (parallel.nproc_per_node) but "
+            f"the instance has {spec['devices']} devices; no layout"
+        )
         row.update(dp=None, grad_accum=None, memory_gib=None, fits=None)
         return row
     if per_node < spec["devices"]:
-        row["warnings"].append(f"{name}: training uses {per_node} of the instance's {spec['devices']} devices "
-                               f"(parallel.nproc_per_node = {per_node})")
+        row["warnings"].append(
+            f"{name}: training uses {per_node} of the instance's {spec['devices']} devices (parallel.nproc_per_node = {per_node})"
+        )
     if devices % mp:
         row["warnings"].append(f"{name}: tp x pp = {mp} does not divide {devices} devices; no layout")
         row.update(dp=None, grad_accum=None, memory_gib=None, fits=None)
@@ -272,16 +324,33 @@ def option(name: str, spec: dict, cfg: dict, layout: dict, shape: Shape, n_param
     accum = gb / (micro * dp)
     if gb % (micro * dp):
         row["warnings"].append(f"{name}: global_batch_size {gb} is not a multiple of micro_batch_size {micro} x dp {dp}")
-    mem = memory(shape, n_params, t["seq_len"], micro, math.ceil(accum), layout["tp"], layout["pp"], dp, layout["zero"],
-                 layout["activation_checkpointing"])
+    mem = memory(
+        shape,
+        n_params,
+        t["seq_len"],
+        micro,
+        math.ceil(accum),
+        layout["tp"],
+        layout["pp"],
+        dp,
+        layout["zero"],
+        layout["activation_checkpointing"],
+    )
     usable = spec["hbm_gib"] * GIB * (1 - RESERVED_FRACTION)
     fits = mem["total"] <= usable
     if not fits:
         row["warnings"].append(
             f"{name}: does not fit: {mem['total'] / GIB:.1f} GiB per device > {usable / GIB:.1f} GiB usable of "
-            f"{spec['hbm_gib']} GiB; raise ZeRO / tp / pp, enable activation checkpointing or lower micro_batch_size")
-    row.update(dp=dp, grad_accum=accum, memory_gib={k: v / GIB for k, v in mem.items()}, memory_bytes=mem,
-               usable_gib=usable / GIB, fits=fits)
+            f"{spec['hbm_gib']} GiB; raise ZeRO / tp / pp, enable activation checkpointing or lower micro_batch_size"
+        )
+    row.update(
+        dp=dp,
+        grad_accum=accum,
+        memory_gib={k: v / GIB for k, v in mem.items()},
+        memory_bytes=mem,
+        usable_gib=usable / GIB,
+        fits=fits,
+    )
     return row
 
 
@@ -293,15 +362,19 @@ def make_plan(cfg: dict, shape: Shape, n_params: int, data: dict, hardware: dict
     total = float(per_token) * sched["tokens"]
     warnings = []
     if sched["overlay"] and sched["steps_from"] != "train.max_steps":
-        warnings.append(f"{sched['steps_from']} gives {sched['steps']} steps (warmup {sched['warmup_steps']}) but "
-                        f"train.max_steps is {cfg['train']['max_steps']} (warmup {cfg['train']['warmup_steps']}): the "
-                        "backend trains train.max_steps; apply the plan's overlay (llmpipe plan --overlay FILE)")
+        warnings.append(
+            f"{sched['steps_from']} gives {sched['steps']} steps (warmup {sched['warmup_steps']}) but "
+            f"train.max_steps is {cfg['train']['max_steps']} (warmup {cfg['train']['warmup_steps']}): the "
+            "backend trains train.max_steps; apply the plan's overlay (llmpipe plan --overlay FILE)"
+        )
     if sched["warmup_steps"] >= sched["steps"]:
         warnings.append(f"warmup ({sched['warmup_steps']} steps) is not shorter than the run ({sched['steps']} steps)")
     rows = data["train_rows"]
     if rows is not None and sched["global_batch_size"] > rows:
-        warnings.append(f"train.global_batch_size {sched['global_batch_size']} exceeds the {rows} train rows: every step "
-                        f"repeats rows ({sched['global_batch_size'] / rows:.2f} epochs per step)")
+        warnings.append(
+            f"train.global_batch_size {sched['global_batch_size']} exceeds the {rows} train rows: every step "
+            f"repeats rows ({sched['global_batch_size'] / rows:.2f} epochs per step)"
+        )
     if sched["epochs"] is not None and sched["epochs"] > MANY_EPOCHS:
         warnings.append(f"{sched['epochs']:.3g} epochs: the data is repeated more than {MANY_EPOCHS:g} times")
     heads, kv, tp, pp = shape.num_attention_heads, shape.num_key_value_heads, layout["tp"], layout["pp"]
@@ -317,12 +390,22 @@ def make_plan(cfg: dict, shape: Shape, n_params: int, data: dict, hardware: dict
         "model": {"parameters": n_params, "matmul_parameters": n_mm, "shape": asdict(shape), "source": model_source},
         "data": data,
         "schedule": sched,
-        "flops": {"per_token": per_token, "total": total,
-                  "attention_share": 1 - 6 * n_mm / per_token,
-                  "formula": "tokens x (6 N_matmul + 12 L heads head_dim seq_len)"},
-        "layout": {"backend": layout["backend"], "tp": tp, "pp": pp, "zero": layout["zero"],
-                   "activation_checkpointing": layout["activation_checkpointing"], "instances": layout["nodes"],
-                   "processes_per_instance": layout["processes_per_node"], "from": "parallel"},
+        "flops": {
+            "per_token": per_token,
+            "total": total,
+            "attention_share": 1 - 6 * n_mm / per_token,
+            "formula": "tokens x (6 N_matmul + 12 L heads head_dim seq_len)",
+        },
+        "layout": {
+            "backend": layout["backend"],
+            "tp": tp,
+            "pp": pp,
+            "zero": layout["zero"],
+            "activation_checkpointing": layout["activation_checkpointing"],
+            "instances": layout["nodes"],
+            "processes_per_instance": layout["processes_per_node"],
+            "from": "parallel",
+        },
         "hardware": rows,
         "warnings": warnings,
         "assumptions": [
@@ -359,22 +442,39 @@ def summary_rows(plan: dict) -> list[tuple[str, str]]:
     m, d, s, f, lay = plan["model"], plan["data"], plan["schedule"], plan["flops"], plan["layout"]
     sh = m["shape"]
     return [
-        ("model", f"{_num(m['parameters'])} parameters ({m['parameters']:,}): {sh['num_hidden_layers']} layers, hidden "
-                  f"{sh['hidden_size']}, heads {sh['num_attention_heads']}/{sh['num_key_value_heads']}, ffn "
-                  f"{sh['intermediate_size']}, vocab {sh['vocab_size']:,}"),
-        ("data", f"unknown: {d['source']}" if d["train_rows"] is None else
-                 f"{d['tokens_per_epoch']:,} train tokens per epoch = {d['train_rows']:,} rows x {s['seq_len']} "
-                 f"({d['source']})" + (f"; val {d['val_tokens']:,} tokens" if d.get("val_tokens") is not None else "")),
-        ("schedule", f"{s['steps']:,} steps ({s['steps_from']}) x {s['global_batch_size']} sequences x {s['seq_len']} = "
-                     f"{s['tokens']:,} tokens = " + (f"{s['epochs']:.3g}" if s["epochs"] is not None else "?")
-                     + f" epochs; warmup {s['warmup_steps']:,} steps "
-                     f"({s['warmup_fraction']:.1%})"),
-        ("compute", f"{f['total']:.3g} FLOPs = {s['tokens']:,} tokens x {f['per_token']:,} FLOPs/token "
-                    f"(6 N_matmul + attention {f['attention_share']:.1%})"),
-        ("layout", f"parallel ({lay['backend']}): tp {lay['tp']} x pp {lay['pp']} x dp; ZeRO {lay['zero']}; "
-                   f"activation checkpointing {_checkpointing(lay['activation_checkpointing'])}; micro batch "
-                   f"{s['micro_batch_size']}; {lay['instances']} instance(s) x "
-                   f"{lay['processes_per_instance'] or 'every device'} process(es)"),
+        (
+            "model",
+            f"{_num(m['parameters'])} parameters ({m['parameters']:,}): {sh['num_hidden_layers']} layers, hidden "
+            f"{sh['hidden_size']}, heads {sh['num_attention_heads']}/{sh['num_key_value_heads']}, ffn "
+            f"{sh['intermediate_size']}, vocab {sh['vocab_size']:,}",
+        ),
+        (
+            "data",
+            f"unknown: {d['source']}"
+            if d["train_rows"] is None
+            else f"{d['tokens_per_epoch']:,} train tokens per epoch = {d['train_rows']:,} rows x {s['seq_len']} "
+            f"({d['source']})" + (f"; val {d['val_tokens']:,} tokens" if d.get("val_tokens") is not None else ""),
+        ),
+        (
+            "schedule",
+            f"{s['steps']:,} steps ({s['steps_from']}) x {s['global_batch_size']} sequences x {s['seq_len']} = "
+            f"{s['tokens']:,} tokens = "
+            + (f"{s['epochs']:.3g}" if s["epochs"] is not None else "?")
+            + f" epochs; warmup {s['warmup_steps']:,} steps "
+            f"({s['warmup_fraction']:.1%})",
+        ),
+        (
+            "compute",
+            f"{f['total']:.3g} FLOPs = {s['tokens']:,} tokens x {f['per_token']:,} FLOPs/token "
+            f"(6 N_matmul + attention {f['attention_share']:.1%})",
+        ),
+        (
+            "layout",
+            f"parallel ({lay['backend']}): tp {lay['tp']} x pp {lay['pp']} x dp; ZeRO {lay['zero']}; "
+            f"activation checkpointing {_checkpointing(lay['activation_checkpointing'])}; micro batch "
+            f"{s['micro_batch_size']}; {lay['instances']} instance(s) x "
+            f"{lay['processes_per_instance'] or 'every device'} process(es)",
+        ),
     ]
 
 
@@ -388,12 +488,22 @@ HARDWARE_HEADER = ("hardware", "devices", "dp x accum", "MFU", "wall time", "$/h
 def hardware_rows(plan: dict) -> list[tuple[str, ...]]:
     out = []
     for r in plan["hardware"]:
-        mem = (f"{r['memory_gib']['total']:.1f} / {r['hbm_gib']} GiB" if r["memory_gib"] else "-")
+        mem = f"{r['memory_gib']['total']:.1f} / {r['hbm_gib']} GiB" if r["memory_gib"] else "-"
         layout = f"{r['dp']} x {r['grad_accum']:g}" if r["dp"] else "-"
         fits = {True: "yes", False: "NO", None: "-"}[r["fits"]]
-        out.append((r["name"], str(r["devices"]), layout, f"{r['mfu']:.0%}", _duration(r["hours"]),
-                    f"{r['price_per_hour']:,.2f}", f"${r['cost_usd']:,.0f}" if r["cost_usd"] >= 10 else f"${r['cost_usd']:.2f}",
-                    mem, fits))
+        out.append(
+            (
+                r["name"],
+                str(r["devices"]),
+                layout,
+                f"{r['mfu']:.0%}",
+                _duration(r["hours"]),
+                f"{r['price_per_hour']:,.2f}",
+                f"${r['cost_usd']:,.0f}" if r["cost_usd"] >= 10 else f"${r['cost_usd']:.2f}",
+                mem,
+                fits,
+            )
+        )
     return out
 
 
@@ -403,8 +513,14 @@ def markdown(plan: dict) -> str:
     lines += ["", "| " + " | ".join(HARDWARE_HEADER) + " |", "|" + "---|" * len(HARDWARE_HEADER)]
     lines += ["| " + " | ".join(r) + " |" for r in hardware_rows(plan)]
     if plan["schedule"]["overlay"]:
-        lines += ["", "Overlay for these steps (`snakemake --configfile overlay.yaml`):", "", "```yaml",
-                  yaml.safe_dump(plan["schedule"]["overlay"], sort_keys=False).rstrip(), "```"]
+        lines += [
+            "",
+            "Overlay for these steps (`snakemake --configfile overlay.yaml`):",
+            "",
+            "```yaml",
+            yaml.safe_dump(plan["schedule"]["overlay"], sort_keys=False).rstrip(),
+            "```",
+        ]
     if plan["warnings"]:
         lines += ["", "Warnings:", ""] + [f"- {w}" for w in plan["warnings"]]
     lines += ["", "Assumptions:", ""] + [f"- {a}" for a in plan["assumptions"]]
@@ -427,7 +543,6 @@ def load_configs(sources: list[str]) -> dict:
             data = yaml.safe_load(Path(text).read_text()) or {}
         merged = merge(merged, data)
     return cfgmod.validate(merged)
-
 
 
 def tokenizer_folder(cfg: dict) -> Path | None:
@@ -492,8 +607,14 @@ def run_outputs(cfg: dict) -> dict:
     return found
 
 
-def build(cfg: dict, view: Path | None = None, store: Path | None = None, model: Path | None = None,
-          estimate: bool = False, allow_unknown_data: bool = False) -> dict:
+def build(
+    cfg: dict,
+    view: Path | None = None,
+    store: Path | None = None,
+    model: Path | None = None,
+    estimate: bool = False,
+    allow_unknown_data: bool = False,
+) -> dict:
     """The plan from the best inputs available: given paths, else this run's matching outputs, else estimates.
     allow_unknown_data: without a tokenizer to estimate with (a base model not downloaded yet), plan the
     steps of train.max_steps / plan.tokens with the data's size unknown instead of failing."""
@@ -512,15 +633,19 @@ def build(cfg: dict, view: Path | None = None, store: Path | None = None, model:
         why = f"tokenizer {cfg['tokenizer']['source']} not available yet (run the tokenizer stage for a count)"
         if not allow_unknown_data:
             raise ValueError(why)
-        data = {"source": why + "; steps from the config", "train_rows": None, "tokens_per_epoch": None,
-                "val_tokens": None}
+        data = {"source": why + "; steps from the config", "train_rows": None, "tokens_per_epoch": None, "val_tokens": None}
     else:
         from llmpipe.plan_tokens import estimate as estimate_tokens
 
         est = estimate_tokens(cfg, tok_dir)
         rows = rows_for(est["train_tokens"], cfg["train"]["seq_len"], cfg["data"]["remainder"])
-        data = {"source": "estimate", "train_rows": rows, "tokens_per_epoch": rows * cfg["train"]["seq_len"],
-                "val_tokens": est["val_tokens"], "estimate": est}
+        data = {
+            "source": "estimate",
+            "train_rows": rows,
+            "tokens_per_epoch": rows * cfg["train"]["seq_len"],
+            "val_tokens": est["val_tokens"],
+            "estimate": est,
+        }
     if model is not None:
         model = Path(model)
         folder = model if model.is_dir() else model.parent
@@ -531,8 +656,9 @@ def build(cfg: dict, view: Path | None = None, store: Path | None = None, model:
         counted = None
     n_params = counted if counted is not None else parameters(shape)
     if counted is not None and counted != parameters(shape):
-        log.warning("%s holds %d parameters, the Llama formula gives %d: using the checkpoint's count",
-                    source, counted, parameters(shape))
+        log.warning(
+            "%s holds %d parameters, the Llama formula gives %d: using the checkpoint's count", source, counted, parameters(shape)
+        )
     return make_plan(cfg, shape, n_params, data, hardware, source)
 
 

@@ -121,8 +121,16 @@ def sample_source(index: int, source: str, d: dict) -> dict:
     else:
         est_bytes = size * text_bytes / len(raw)
         est_docs = est_bytes / (text_bytes / len(texts))
-    return {"source": source, "kind": kind, "size": size, "read_whole": whole, "texts": [t for _, t in texts],
-            "text_bytes": est_bytes, "documents": est_docs, "val_share": val_bytes / text_bytes}
+    return {
+        "source": source,
+        "kind": kind,
+        "size": size,
+        "read_whole": whole,
+        "texts": [t for _, t in texts],
+        "text_bytes": est_bytes,
+        "documents": est_docs,
+        "val_share": val_bytes / text_bytes,
+    }
 
 
 def _spread(n: int, k: int) -> list[int]:
@@ -153,8 +161,10 @@ def estimate(cfg: dict, tokenizer_dir: Path | None) -> dict:
 
     hf = [s for s in paths(d["sources"]) if s.startswith(HF_PREFIX)]
     if hf:
-        raise ValueError(f"cannot estimate tokens of {', '.join(hf)} before the data stages run: build the token store "
-                         "first (snakemake <results>/<run>/data/tokens/manifest.json) and plan again")
+        raise ValueError(
+            f"cannot estimate tokens of {', '.join(hf)} before the data stages run: build the token store "
+            "first (snakemake <results>/<run>/data/tokens/manifest.json) and plan again"
+        )
     sources = expand_sources(paths(d["sources"]))
     picks = _spread(len(sources), MAX_SAMPLED)
     sampled = [sample_source(i, sources[i], d) for i in tqdm(picks, desc="plan: sampling sources", unit=" source")]
@@ -199,9 +209,14 @@ def estimate(cfg: dict, tokenizer_dir: Path | None) -> dict:
     val_share = sum(s["val_share"] * s["text_bytes"] for s in sampled) / sum(s["text_bytes"] for s in sampled)
     train_share = 1 - val_share
     return {
-        "sources": len(sources), "sampled_sources": len(sampled), "read_whole": all(s["read_whole"] for s in sampled),
-        "text_bytes": round(text_bytes), "documents": round(documents), "tokenizer": how,
-        "measured_bytes": measured, "bytes_per_token": 1 / per_byte,
+        "sources": len(sources),
+        "sampled_sources": len(sampled),
+        "read_whole": all(s["read_whole"] for s in sampled),
+        "text_bytes": round(text_bytes),
+        "documents": round(documents),
+        "tokenizer": how,
+        "measured_bytes": measured,
+        "bytes_per_token": 1 / per_byte,
         "train_tokens": round(train_share * (text_bytes * per_byte + documents * specials)),
         "val_tokens": round((1 - train_share) * (text_bytes * per_byte + documents * specials)),
         "val_share": val_share,

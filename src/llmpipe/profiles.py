@@ -145,7 +145,8 @@ def layered(user: dict, profile: Path | None = None, basedir: Path = REPO) -> tu
                 f"profile {profile.name!r} trains with train.backend {profile_backend!r} ({profile / OVERLAY}), "
                 f"but your --configfile / --config sets train.backend {user_backend!r}{via}. Drop {key} to "
                 f"train on this profile's hardware, or choose the profile for {user_backend!r} "
-                "(README: Run on your hardware)")
+                "(README: Run on your hardware)"
+            )
     if user:
         origins.append("your --configfile / --config")
     cfg = merge(merge(merge(defaults, preset), overlay), user)

@@ -17,9 +17,11 @@ from llmpipe.plan import HARDWARE_HEADER, hardware_rows, summary_rows
 
 log = logging.getLogger(__name__)
 
-STYLE = ("<style>body{font-family:sans-serif;font-size:14px}table{border-collapse:collapse;margin:8px 0}"
-         "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;vertical-align:top}th{background:#f4f4f4}"
-         ".warn{color:#a00}</style>")
+STYLE = (
+    "<style>body{font-family:sans-serif;font-size:14px}table{border-collapse:collapse;margin:8px 0}"
+    "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;vertical-align:top}th{background:#f4f4f4}"
+    ".warn{color:#a00}</style>"
+)
 
 
 def read_metrics(path: str | Path) -> list[dict]:
@@ -79,40 +81,70 @@ def _write(path, text: str) -> None:
 
 def data_page(stats: dict) -> str:
     read, tok = stats["read"], stats["tokens"]
-    facts = [("documents read", f"{read['documents']:,} ({read['bytes']:,} bytes of text)"),
-             ("documents train / val", f"{stats['documents']['train']:,} / {stats['documents']['val']:,}"),
-             ("tokens train / val", f"{tok['train']:,} / {tok['val']:,}"),
-             ("skipped records", f"{read['skipped_total']:,} {read['skipped'] or ''}"),
-             ("tokenizer", f"vocab {stats['tokenizer']['vocab_size']:,}, sha256 {stats['tokenizer']['sha256'][:16]}")]
+    facts = [
+        ("documents read", f"{read['documents']:,} ({read['bytes']:,} bytes of text)"),
+        ("documents train / val", f"{stats['documents']['train']:,} / {stats['documents']['val']:,}"),
+        ("tokens train / val", f"{tok['train']:,} / {tok['val']:,}"),
+        ("skipped records", f"{read['skipped_total']:,} {read['skipped'] or ''}"),
+        ("tokenizer", f"vocab {stats['tokenizer']['vocab_size']:,}, sha256 {stats['tokenizer']['sha256'][:16]}"),
+    ]
     views = []
     for fmt, v in stats.get("views", {}).items():
         for split in ("train", "val"):
             if split in v:
                 s = v[split]
-                views.append((fmt, split, f"{s['rows']:,}", f"{s['tokens_in']:,}", f"{s['tokens_packed']:,}",
-                              f"{s['dropped_tokens']:,}", f"{s['padded_tokens']:,}", s["remainder"]))
-    body = ("<h3>Data</h3>" + _table(facts) + "<h4>Views</h4>"
-            + _table(views, ("view", "split", "rows", "tokens in", "tokens packed", "dropped", "padded", "remainder"))
-            + "<details><summary>stats.json</summary><pre>" + html.escape(json.dumps(stats, indent=1)) + "</pre></details>")
+                views.append(
+                    (
+                        fmt,
+                        split,
+                        f"{s['rows']:,}",
+                        f"{s['tokens_in']:,}",
+                        f"{s['tokens_packed']:,}",
+                        f"{s['dropped_tokens']:,}",
+                        f"{s['padded_tokens']:,}",
+                        s["remainder"],
+                    )
+                )
+    body = (
+        "<h3>Data</h3>"
+        + _table(facts)
+        + "<h4>Views</h4>"
+        + _table(views, ("view", "split", "rows", "tokens in", "tokens packed", "dropped", "padded", "remainder"))
+        + "<details><summary>stats.json</summary><pre>"
+        + html.escape(json.dumps(stats, indent=1))
+        + "</pre></details>"
+    )
     return _page("data statistics", body)
 
 
 def plan_page(plan: dict) -> str:
     warn = "".join(f"<li class='warn'>{html.escape(w)}</li>" for w in plan["warnings"])
-    body = (f"<h3>Plan for run {html.escape(plan['run'])}</h3>" + _table(summary_rows(plan))
-            + _table(hardware_rows(plan), HARDWARE_HEADER)
-            + (f"<h4>Warnings</h4><ul>{warn}</ul>" if warn else "")
-            + "<h4>Assumptions</h4><ul>" + "".join(f"<li>{html.escape(a)}</li>" for a in plan["assumptions"]) + "</ul>")
+    body = (
+        f"<h3>Plan for run {html.escape(plan['run'])}</h3>"
+        + _table(summary_rows(plan))
+        + _table(hardware_rows(plan), HARDWARE_HEADER)
+        + (f"<h4>Warnings</h4><ul>{warn}</ul>" if warn else "")
+        + "<h4>Assumptions</h4><ul>"
+        + "".join(f"<li>{html.escape(a)}</li>" for a in plan["assumptions"])
+        + "</ul>"
+    )
     return _page("plan", body)
 
 
 def eval_page(ev: dict, recs: list[dict]) -> str:
     last = recs[-1]
-    rows = [("val loss", f"{ev['val_loss']:.4f}"), ("perplexity", f"{ev['perplexity']:.2f}"),
-            ("predicted tokens", f"{ev['tokens']:,}"), ("sequences", f"{ev['sequences']:,}"),
-            ("model", ev["model"]), ("data", ev["data"]),
-            ("training", f"{last['step']:,} steps, {last['tokens']:,} tokens, {last['epoch']:.3g} epochs, "
-                         f"final train loss {last['loss']:.4f}")]
+    rows = [
+        ("val loss", f"{ev['val_loss']:.4f}"),
+        ("perplexity", f"{ev['perplexity']:.2f}"),
+        ("predicted tokens", f"{ev['tokens']:,}"),
+        ("sequences", f"{ev['sequences']:,}"),
+        ("model", ev["model"]),
+        ("data", ev["data"]),
+        (
+            "training",
+            f"{last['step']:,} steps, {last['tokens']:,} tokens, {last['epoch']:.3g} epochs, final train loss {last['loss']:.4f}",
+        ),
+    ]
     return _page("evaluation", "<h3>Evaluation</h3>" + _table(rows))
 
 

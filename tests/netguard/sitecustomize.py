@@ -37,8 +37,7 @@ def _refuse(what: str):
 def install() -> None:
     if _ORIGINAL:
         return
-    _ORIGINAL.update(connect=socket.socket.connect, connect_ex=socket.socket.connect_ex,
-                     getaddrinfo=socket.getaddrinfo)
+    _ORIGINAL.update(connect=socket.socket.connect, connect_ex=socket.socket.connect_ex, getaddrinfo=socket.getaddrinfo)
 
     def connect(self, address):
         if self.family in (socket.AF_INET, socket.AF_INET6) and not _is_local(address[0]):

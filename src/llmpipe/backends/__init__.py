@@ -53,7 +53,7 @@ def available() -> list[str]:
     return sorted({*_builtin(), *_plugins()})
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def get(name: str) -> Backend:
     if name in _builtin():
         module = importlib.import_module(f"{__name__}.{name}")
@@ -79,7 +79,9 @@ def commands() -> dict[str, str]:
 def workflow_rules() -> set[str]:
     """Every rule name of the workflow: the Snakefile, rules/*.smk and each backend's rules file."""
     files = [REPO / "Snakefile", *sorted((REPO / "rules").glob("*.smk")), *(b.rules_file() for b in all_backends())]
-    return {name for f in dict.fromkeys(files) for name in re.findall(r"^(?:local)?rule (\w+):", f.read_text(), re.M)}
+    return {
+        name for f in dict.fromkeys(files) if f.is_file() for name in re.findall(r"^(?:local)?rule (\w+):", f.read_text(), re.M)
+    }
 
 
 def rules_by_backend() -> dict[str, list[str]]:

@@ -39,8 +39,14 @@ def get_data(data_cfg: dict, out: str | Path) -> dict:
     key = hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()
     manifest = {"sources": entries, "key": key, **({"mixture": mix} if mix else {})}
     write_json(out, manifest)
-    log.info("%d sources, %s bytes, key %s; %d local file(s) hashed, %d unchanged (size, mtime, ctime, inode)",
-             len(entries), sum(e.get("size") or 0 for e in entries), key[:12], rehashed, len(local) - rehashed)
+    log.info(
+        "%d sources, %s bytes, key %s; %d local file(s) hashed, %d unchanged (size, mtime, ctime, inode)",
+        len(entries),
+        sum(e.get("size") or 0 for e in entries),
+        key[:12],
+        rehashed,
+        len(local) - rehashed,
+    )
     return manifest
 
 

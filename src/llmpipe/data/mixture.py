@@ -48,10 +48,10 @@ def groups(sources: list) -> list[dict]:
 
 def plan(data_cfg: dict) -> tuple[list[str], dict]:
     """(expanded sources, mixture plan) for data.sources with weights: reads every group once."""
+    import numpy as np  # here: get-data without a mixture starts faster
+
     from llmpipe.data.readers import ReadStats, documents
     from llmpipe.data.sources import expand_sources
-
-    import numpy as np  # here: get-data without a mixture starts faster
 
     gs, expanded, group_of, mix_seed = groups(data_cfg["sources"]), [], [], data_cfg["split_seed"]
     for g_idx, g in enumerate(gs):

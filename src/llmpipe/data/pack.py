@@ -46,7 +46,9 @@ class Layout:
     def stats(self) -> dict:
         partial = self.rest if self.rows > self.full else 0
         return {
-            "remainder": self.remainder, "tokens_in": self.size, "rows": self.rows,
+            "remainder": self.remainder,
+            "tokens_in": self.size,
+            "rows": self.rows,
             "tokens_packed": self.full * self.row_len + partial,
             "dropped_tokens": self.rest if self.remainder == "drop" else 0,
             "padded_tokens": self.row_len - self.rest if self.remainder == "pad" and self.rest else 0,
@@ -81,14 +83,13 @@ def row(read, layout: Layout, i: int, pad_id: int, doc_starts: np.ndarray | None
     if doc_starts is not None:
         pos = np.concatenate([np.arange(a, b) for a, b in spans])
         doc = np.searchsorted(doc_starts, pos, side="right") - 1
-        doc[spans[0][1] - spans[0][0]:] += doc_starts.size  # a wrapped part holds later documents
+        doc[spans[0][1] - spans[0][0] :] += doc_starts.size  # a wrapped part holds later documents
         segs = np.full(layout.row_len, -1, np.int32)
         segs[:real] = np.unique(doc, return_inverse=True)[1]  # 0, 1, 2, ... in row order
     return ids, mask, segs
 
 
-def rows(read, layout: Layout, idx: np.ndarray, pad_id: int, doc_starts: np.ndarray | None = None,
-         dtype=np.int64):
+def rows(read, layout: Layout, idx: np.ndarray, pad_id: int, doc_starts: np.ndarray | None = None, dtype=np.int64):
     """row() of each index in `idx`, stacked: ([n, L] ids as `dtype`, [n, L] int8 mask, [n, L] int32
     segment ids or None). Full rows take few numpy calls: a row's segment id is the count of document
     starts inside it up to each position (cumsum of start marks); the last, partial row goes through row()."""

@@ -21,8 +21,9 @@ log = logging.getLogger(__name__)
 def view_key(store: TokenStore, fmt: str, cfg: dict) -> str:
     """What a view depends on: the store's content and the packing parameters."""
     d = cfg["data"]
-    params = {k: d[k] for k in ("remainder", "val_remainder", "shuffle", "shuffle_seed", "segment_ids",
-                                "litgpt_sequences_per_file")}
+    params = {
+        k: d[k] for k in ("remainder", "val_remainder", "shuffle", "shuffle_seed", "segment_ids", "litgpt_sequences_per_file")
+    }
     params.update(format=fmt, seq_len=cfg["train"]["seq_len"])
     return hashlib.sha256(f"{store.manifest['fingerprint']}:{json.dumps(params, sort_keys=True)}".encode()).hexdigest()
 
@@ -36,9 +37,15 @@ def build_view(manifest: str | Path, fmt: str, out_dir: str | Path, cfg: dict, t
     module = importlib.import_module(f"llmpipe.data.views.{fmt}")
     with atomic_path(out_dir) as tmp:
         stats = module.write(store, tmp, cfg)
-        info = {"format": fmt, "seq_len": cfg["train"]["seq_len"], "store_fingerprint": store.manifest["fingerprint"],
-                "fingerprint": view_key(store, fmt, cfg), "eos_id": store.eos_id,
-                "tokenizer_sha256": store.manifest["tokenizer"]["sha256"], **stats}
+        info = {
+            "format": fmt,
+            "seq_len": cfg["train"]["seq_len"],
+            "store_fingerprint": store.manifest["fingerprint"],
+            "fingerprint": view_key(store, fmt, cfg),
+            "eos_id": store.eos_id,
+            "tokenizer_sha256": store.manifest["tokenizer"]["sha256"],
+            **stats,
+        }
         write_json(tmp / "view.json", info)
     log.info("%s view %s: %s", fmt, out_dir, stats)
     return info

@@ -8,8 +8,8 @@ import io
 import logging
 import re
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import fsspec
 import orjson
@@ -45,8 +45,13 @@ class ReadStats:
             log.warning("skipped (%s) %s", err.reason, err)
 
     def as_dict(self) -> dict:
-        return {"documents": self.documents, "bytes": self.bytes, "skipped": dict(self.skipped),
-                "skipped_total": sum(self.skipped.values()), "skipped_examples": self.examples}
+        return {
+            "documents": self.documents,
+            "bytes": self.bytes,
+            "skipped": dict(self.skipped),
+            "skipped_total": sum(self.skipped.values()),
+            "skipped_examples": self.examples,
+        }
 
     def add(self, other: dict) -> None:
         self.documents += other["documents"]
@@ -110,7 +115,7 @@ def _jsonl(url: str, text_field: str, keep=None) -> Iterator[tuple[str, object]]
     with _open_binary(url) as fh:
         for lineno, raw in enumerate(_lines(fh), 1):
             if lineno == 1 and raw.startswith(BOM):  # a UTF-8 byte order mark (Windows editors)
-                raw = raw[len(BOM):]
+                raw = raw[len(BOM) :]
             if not raw.strip():
                 continue
             index += 1
@@ -170,8 +175,9 @@ def _text(url: str, mode: str) -> Iterator[tuple[str, object]]:
 def _hf(spec: str, cfg: dict) -> Iterator[tuple[str, object]]:
     import datasets
 
-    ds = datasets.load_dataset(spec[len(HF_PREFIX):], cfg["hf_config"], split=cfg["hf_split"],
-                               revision=cfg["hf_revision"], streaming=cfg["streaming"])
+    ds = datasets.load_dataset(
+        spec[len(HF_PREFIX) :], cfg["hf_config"], split=cfg["hf_split"], revision=cfg["hf_revision"], streaming=cfg["streaming"]
+    )
     for i, record in enumerate(ds):
         where = f"{spec}[{i}]"
         if cfg["text_field"] not in record:
@@ -192,8 +198,9 @@ def records(source: str, cfg: dict, keep=None) -> Iterator[tuple[str, object]]:
         return _parquet(source, cfg["text_field"])
     if name.endswith(TEXT_SUFFIXES):
         return _text(source, cfg["text_mode"])
-    raise ValueError(f"unsupported data source format: {source} "
-                     "(expected .jsonl/.json[.gz|.zst], .parquet, .txt[.gz|.zst] or hf:<id>)")
+    raise ValueError(
+        f"unsupported data source format: {source} (expected .jsonl/.json[.gz|.zst], .parquet, .txt[.gz|.zst] or hf:<id>)"
+    )
 
 
 def check(where: str, value: object, cfg: dict) -> str | BadRecord:
@@ -245,4 +252,3 @@ def iter_documents(cfg: dict, stats: ReadStats | None = None) -> Iterator[str]:
     for source in expand_sources(paths(cfg["sources"])):
         for _, text in documents(source, cfg, stats):
             yield text
-

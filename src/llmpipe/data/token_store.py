@@ -44,20 +44,27 @@ def build_manifest(shards: list[str | Path], out: str | Path, sources_key: str |
         if tokenizer is None:
             tokenizer = tok
         elif tok != tokenizer:
-            raise ValueError(f"token shard {path} was made with a different tokenizer or data setup ({tok} vs {tokenizer}): "
-                             "retokenize every shard")
+            raise ValueError(
+                f"token shard {path} was made with a different tokenizer or data setup ({tok} vs {tokenizer}): "
+                "retokenize every shard"
+            )
         counts = json.loads(meta["counts"])
         for split in SPLITS:
             for k in ("documents", "tokens"):
                 totals[split][k] += counts[split][k]
         read.add(json.loads(meta["read"]))
-        entries.append({"file": path.name, "counts": counts, "encoder": meta["encoder"],
-                        "sha256": {s: meta[f"sha256.{s}"] for s in SPLITS}})
+        entries.append(
+            {"file": path.name, "counts": counts, "encoder": meta["encoder"], "sha256": {s: meta[f"sha256.{s}"] for s in SPLITS}}
+        )
         digest.update(json.dumps(entries[-1], sort_keys=True).encode())
     manifest = {
         "format": FORMAT,
-        "tokenizer": {"sha256": tokenizer["tokenizer_sha256"], "eos_id": int(tokenizer["eos_id"]),
-                      "bos_id": int(tokenizer["bos_id"]), "vocab_size": int(tokenizer["vocab_size"])},
+        "tokenizer": {
+            "sha256": tokenizer["tokenizer_sha256"],
+            "eos_id": int(tokenizer["eos_id"]),
+            "bos_id": int(tokenizer["bos_id"]),
+            "vocab_size": int(tokenizer["vocab_size"]),
+        },
         "sources_key": sources_key,
         "key": tokenizer["key"],
         "shards": entries,
@@ -91,7 +98,7 @@ class SplitStream:
         while a < b:
             lo, hi = a - self.starts[i], min(b, self.starts[i + 1]) - self.starts[i]
             if hi > lo:  # an empty shard (more shards than documents) holds nothing to slice
-                parts.append(self._slices[i][int(lo):int(hi)].astype(np.int64))
+                parts.append(self._slices[i][int(lo) : int(hi)].astype(np.int64))
             a = int(self.starts[i] + hi)
             i += 1
         return np.concatenate(parts) if parts else np.zeros(0, np.int64)

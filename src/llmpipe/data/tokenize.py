@@ -73,8 +73,21 @@ class _SplitWriter:
 
 
 # Data settings that change the tokens of a shard (the rest only change views).
-TOKEN_KEYS = ("sources", "text_field", "text_mode", "hf_config", "hf_split", "hf_revision", "max_records_per_source",
-              "max_document_chars", "on_bad_record", "num_shards", "val_fraction", "split_seed", "add_bos")
+TOKEN_KEYS = (
+    "sources",
+    "text_field",
+    "text_mode",
+    "hf_config",
+    "hf_split",
+    "hf_revision",
+    "max_records_per_source",
+    "max_document_chars",
+    "on_bad_record",
+    "num_shards",
+    "val_fraction",
+    "split_seed",
+    "add_bos",
+)
 
 
 def shard_key(d: dict, sources_key: str, tokenizer_sha: str) -> str:
@@ -83,8 +96,16 @@ def shard_key(d: dict, sources_key: str, tokenizer_sha: str) -> str:
     return hashlib.sha256(f"{sources_key}:{tokenizer_sha}:{params}".encode()).hexdigest()
 
 
-def tokenize_shard(cfg: dict, sources: list[str], shard: int, tokenizer_dir: str | Path, out: str | Path,
-                   threads: int = 1, sources_key: str = "", mix: dict | None = None) -> dict:
+def tokenize_shard(
+    cfg: dict,
+    sources: list[str],
+    shard: int,
+    tokenizer_dir: str | Path,
+    out: str | Path,
+    threads: int = 1,
+    sources_key: str = "",
+    mix: dict | None = None,
+) -> dict:
     """`mix`: the mixture plan of sources.json (data/mixture.py), if the sources are weighted."""
     d = cfg["data"]
     plan = assign(sources, d["num_shards"], shard)
@@ -112,8 +133,9 @@ def tokenize_shard(cfg: dict, sources: list[str], shard: int, tokenizer_dir: str
             def flush():
                 nonlocal encoder
                 if encoder is None:
-                    encoder = make_encoder(tokenizer_dir, cfg["tokenizer"]["backend"],
-                                           [t for _, _, t in batch[:SAMPLE_DOCS]], threads, tok)
+                    encoder = make_encoder(
+                        tokenizer_dir, cfg["tokenizer"]["backend"], [t for _, _, t in batch[:SAMPLE_DOCS]], threads, tok
+                    )
                 parts = {s: ([], []) for s in SPLITS}
                 for (did, val, _), ids in zip(batch, encoder.encode_batch([t for _, _, t in batch])):
                     encoded, dids = parts["val" if val else "train"]
@@ -135,9 +157,14 @@ def tokenize_shard(cfg: dict, sources: list[str], shard: int, tokenizer_dir: str
                 w.fh.close()
             counts = {s: w.counts() for s, w in writers.items()}
             meta = {
-                "tokenizer_sha256": info.sha256, "eos_id": str(info.eos_id), "bos_id": str(info.bos_id if bos else -1),
-                "vocab_size": str(info.vocab_size), "counts": json.dumps(counts), "read": json.dumps(stats.as_dict()),
-                "encoder": encoder.name if encoder else "none", "shard": f"{shard}/{d['num_shards']}",
+                "tokenizer_sha256": info.sha256,
+                "eos_id": str(info.eos_id),
+                "bos_id": str(info.bos_id if bos else -1),
+                "vocab_size": str(info.vocab_size),
+                "counts": json.dumps(counts),
+                "read": json.dumps(stats.as_dict()),
+                "encoder": encoder.name if encoder else "none",
+                "shard": f"{shard}/{d['num_shards']}",
                 "key": shard_key(d, sources_key, info.sha256),
                 **{f"sha256.{s}": w.sha.hexdigest() for s, w in writers.items()},
             }
@@ -152,8 +179,9 @@ def tokenize_shard(cfg: dict, sources: list[str], shard: int, tokenizer_dir: str
                 with contextlib.suppress(OSError):  # closing flushes: it fails again on a full disk
                     w.fh.close()
                 w.path.unlink(missing_ok=True)
-    log.info("shard %d/%d: %s, read %s, encoder %s, bos %s", shard, d["num_shards"], counts, stats.as_dict(),
-             meta["encoder"], bos)
+    log.info(
+        "shard %d/%d: %s, read %s, encoder %s, bos %s", shard, d["num_shards"], counts, stats.as_dict(), meta["encoder"], bos
+    )
     return counts
 
 
@@ -168,5 +196,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", required=True, help="token shard (.safetensors)")
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
-    tokenize_shard(cfgmod.load(args.config), load_sources(args.sources), args.shard, args.tokenizer, args.out,
-                   args.threads, sources_key(args.sources), mixture.load(args.sources))
+    tokenize_shard(
+        cfgmod.load(args.config),
+        load_sources(args.sources),
+        args.shard,
+        args.tokenizer,
+        args.out,
+        args.threads,
+        sources_key(args.sources),
+        mixture.load(args.sources),
+    )

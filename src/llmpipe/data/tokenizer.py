@@ -8,10 +8,10 @@ import json
 import logging
 import re
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
-from typing import Iterator
 
 from llmpipe import config as cfgmod
 from llmpipe.io import atomic_path
@@ -23,9 +23,17 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 # Strings that exercise the pre-tokenizer's corners, added to every equality check.
 PROBES = [
-    "Hello world", "  leading and trailing  ", "tabs\tand\nnew\n\nlines\r\n", "don't we'll they've I'M",
-    "numbers 1234567 3.14159 1,000,000", "ünïcödé café naïve 日本語のテキスト 😀👍🏽", "a  b   c    d\n\n\n",
-    "punctuation!!! ??? ... ---", "MiXeD CaSe and_snake_case and camelCase", "x" * 300, " " * 50 + "end",
+    "Hello world",
+    "  leading and trailing  ",
+    "tabs\tand\nnew\n\nlines\r\n",
+    "don't we'll they've I'M",
+    "numbers 1234567 3.14159 1,000,000",
+    "ünïcödé café naïve 日本語のテキスト 😀👍🏽",
+    "a  b   c    d\n\n\n",
+    "punctuation!!! ??? ... ---",
+    "MiXeD CaSe and_snake_case and camelCase",
+    "x" * 300,
+    " " * 50 + "end",
 ]
 
 
@@ -74,7 +82,8 @@ def check_same_tokenizer(folder: str | Path, expected_sha256: str, made: str) ->
         raise TokenizerMismatch(
             f"{folder}/tokenizer.json has sha256 {got}, but {made} was made with a tokenizer of sha256 "
             f"{expected_sha256}: the tokenizer changed after tokenizing. Restore the run's tokenizer, or rerun from "
-            "it so data, model and export agree (snakemake --forcerun tokenizer)")
+            "it so data, model and export agree (snakemake --forcerun tokenizer)"
+        )
 
 
 def tokenizer_info(path: str | Path, tok=None) -> TokenizerInfo:
@@ -138,9 +147,15 @@ def _pattern(pre: dict | None) -> str | None:
         return GPT2_PATTERN
     if pre["type"] == "Sequence" and len(pre["pretokenizers"]) == 2:
         split, byte = pre["pretokenizers"]
-        if (split["type"] == "Split" and "Regex" in split["pattern"] and split.get("behavior") == "Isolated"
-                and not split.get("invert") and byte["type"] == "ByteLevel" and not byte.get("use_regex", True)
-                and not byte.get("add_prefix_space")):
+        if (
+            split["type"] == "Split"
+            and "Regex" in split["pattern"]
+            and split.get("behavior") == "Isolated"
+            and not split.get("invert")
+            and byte["type"] == "ByteLevel"
+            and not byte.get("use_regex", True)
+            and not byte.get("add_prefix_space")
+        ):
             return split["pattern"]["Regex"]
     return None
 
@@ -151,9 +166,8 @@ class TiktokenEncoder:
     name = "tiktoken"
 
     def __init__(self, path: str | Path, threads: int, hf: HFEncoder | None = None):
-        import tiktoken
-
         import orjson
+        import tiktoken
 
         spec = orjson.loads((Path(path) / "tokenizer.json").read_bytes())
         model = spec["model"]
@@ -236,8 +250,9 @@ def _train_texts(data_cfg: dict, sources: list[str], limit: int) -> Iterator[str
     return islice(gen(), limit)
 
 
-def train_tokenizer(data_cfg: dict, sources: list[str], out_dir: str | Path, vocab_size: int, min_frequency: int,
-                    max_documents: int) -> None:
+def train_tokenizer(
+    data_cfg: dict, sources: list[str], out_dir: str | Path, vocab_size: int, min_frequency: int, max_documents: int
+) -> None:
     """Byte-level BPE (GPT-2 pre-tokenizer) trained on train-split documents only."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -245,8 +260,13 @@ def train_tokenizer(data_cfg: dict, sources: list[str], out_dir: str | Path, voc
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=[EOS],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=[EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(_train_texts(data_cfg, sources, max_documents), trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, bos_token=EOS, unk_token=None)
     with atomic_path(out_dir) as tmp:
@@ -302,8 +322,9 @@ def main(argv: list[str] | None = None) -> None:
     if t["source"] == "train":
         if not args.sources:
             p.error("tokenizer.source is 'train': pass --sources")
-        train_tokenizer(cfg["data"], load_sources(args.sources), args.out, t["vocab_size"], t["min_frequency"],
-                        t["max_train_documents"])
+        train_tokenizer(
+            cfg["data"], load_sources(args.sources), args.out, t["vocab_size"], t["min_frequency"], t["max_train_documents"]
+        )
     elif is_hub_ref(t["source"]):
         from llmpipe.hub import HubError
 

@@ -66,7 +66,7 @@ def verify_litgpt(store: TokenStore, view: Path, info: dict) -> dict:
         layout = Layout(stream.size, s["block"], s["remainder"])
         files = sorted((view / folder).glob("*.bin"))
         blocks = np.concatenate([read_file(f).astype(np.int64) for f in files]).reshape(-1, s["block"])
-        if not (blocks[layout.rows:] == store.eos_id).all():
+        if not (blocks[layout.rows :] == store.eos_id).all():
             raise VerifyError(f"litgpt/{split}: file padding is not the pad token")
         ordered = blocks[: layout.rows][np.argsort(order(layout.rows, s["shuffle"], s["seed"]))].reshape(-1)
         real = ordered[: layout.stats()["tokens_packed"]]
@@ -89,8 +89,9 @@ def verify_megatron(store: TokenStore, view: Path, info: dict) -> dict:
     return out
 
 
-def check_tokenization(store: TokenStore, tokenizer_dir: Path, data_cfg: dict, sources: list[str], sample: int,
-                       mix: dict | None = None) -> dict:
+def check_tokenization(
+    store: TokenStore, tokenizer_dir: Path, data_cfg: dict, sources: list[str], sample: int, mix: dict | None = None
+) -> dict:
     """Re-tokenize up to `sample` documents per shard with the HF tokenizer; compare with the store."""
     from safetensors import safe_open
 
@@ -123,20 +124,25 @@ def check_tokenization(store: TokenStore, tokenizer_dir: Path, data_cfg: dict, s
     return {"documents_retokenized": checked}
 
 
-def verify(manifest: str | Path, views: list[Path], tokenizer_dir: Path, sources_json: Path, data_cfg: dict,
-           out: Path, sample: int = 64) -> dict:
+def verify(
+    manifest: str | Path, views: list[Path], tokenizer_dir: Path, sources_json: Path, data_cfg: dict, out: Path, sample: int = 64
+) -> dict:
     store = TokenStore(manifest)
     sources = [e["source"] for e in json.loads(Path(sources_json).read_text())["sources"]]
-    result = {"tokenizer": store.manifest["tokenizer"], "sources": json.loads(Path(sources_json).read_text()),
-              "documents": {s: store.manifest["totals"][s]["documents"] for s in SPLITS},
-              "tokens": {s: store.manifest["totals"][s]["tokens"] for s in SPLITS},
-              "read": store.manifest["read"], "views": {}, "files": {}}
+    result = {
+        "tokenizer": store.manifest["tokenizer"],
+        "sources": json.loads(Path(sources_json).read_text()),
+        "documents": {s: store.manifest["totals"][s]["documents"] for s in SPLITS},
+        "tokens": {s: store.manifest["totals"][s]["tokens"] for s in SPLITS},
+        "read": store.manifest["read"],
+        "views": {},
+        "files": {},
+    }
     result["tokenization"] = check_tokenization(store, tokenizer_dir, data_cfg, sources, sample, mixture.load(sources_json))
     for view in views:
         info = json.loads((view / "view.json").read_text())
         check = {"hf": verify_hf, "litgpt": verify_litgpt, "megatron": verify_megatron}[info["format"]]
-        result["views"][info["format"]] = {"conservation": check(store, view, info),
-                                           **{s: info[s] for s in SPLITS}}
+        result["views"][info["format"]] = {"conservation": check(store, view, info), **{s: info[s] for s in SPLITS}}
     for root in [store.root, *views]:
         for f in sorted(p for p in root.rglob("*") if p.is_file()):
             result["files"][str(f)] = {"bytes": f.stat().st_size, "sha256": sha256_file(f)}
@@ -157,5 +163,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--sample", type=int, default=64, help="documents per shard re-tokenized with the HF tokenizer")
     args = p.parse_args(argv)
-    verify(args.store, [Path(v) for v in args.views], Path(args.tokenizer), Path(args.sources),
-           cfgmod.load(args.config)["data"], Path(args.out), args.sample)
+    verify(
+        args.store,
+        [Path(v) for v in args.views],
+        Path(args.tokenizer),
+        Path(args.sources),
+        cfgmod.load(args.config)["data"],
+        Path(args.out),
+        args.sample,
+    )

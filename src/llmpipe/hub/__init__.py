@@ -29,7 +29,7 @@ def is_hub_ref(ref: str | None) -> bool:
 
 def parse_ref(ref: str, revision: str | None = None) -> tuple[str, str | None]:
     """(repo id, revision) of `[hf://]org/name[@revision]`; an explicit @revision wins over `revision`."""
-    body = ref[len(HUB_PREFIX):] if ref.startswith(HUB_PREFIX) else ref
+    body = ref[len(HUB_PREFIX) :] if ref.startswith(HUB_PREFIX) else ref
     repo_id, _, rev = body.partition("@")
     if not _REPO_ID.match(repo_id):
         raise HubError(f"not a Hub repo id: {ref!r} (expected org/name, optionally @revision, or a local folder)")
@@ -43,17 +43,24 @@ def explain(exc: BaseException, repo_id: str, revision: str | None, kind: str = 
     page = f"https://huggingface.co/{'datasets/' if kind == 'dataset' else ''}{repo_id}"
     rev = revision or "main"
     if isinstance(exc, errors.GatedRepoError):
-        return (f"{kind} {repo_id} is gated: request access on {page}, then log in (`hf auth login`) or set HF_TOKEN "
-                "to a token of the account that was granted access")
+        return (
+            f"{kind} {repo_id} is gated: request access on {page}, then log in (`hf auth login`) or set HF_TOKEN "
+            "to a token of the account that was granted access"
+        )
     if isinstance(exc, errors.RevisionNotFoundError):
         return f"{kind} {repo_id} has no revision {rev!r}: use an existing branch, tag or commit hash ({page}/tree/main)"
     if isinstance(exc, errors.RepositoryNotFoundError):
-        return (f"{kind} {repo_id} not found, or private and this token cannot see it: check the id, log in "
-                "(`hf auth login`) or set HF_TOKEN")
+        return (
+            f"{kind} {repo_id} not found, or private and this token cannot see it: check the id, log in "
+            "(`hf auth login`) or set HF_TOKEN"
+        )
     if isinstance(exc, (errors.LocalEntryNotFoundError, errors.OfflineModeIsEnabled)) or type(exc).__name__ in (
-            "IncompleteSnapshotError",):
-        return (f"{kind} {repo_id}@{rev} is not (completely) in the local Hub cache and the Hub cannot be reached "
-                "(HF_HUB_OFFLINE=1 or no network): download it once with network access")
+        "IncompleteSnapshotError",
+    ):
+        return (
+            f"{kind} {repo_id}@{rev} is not (completely) in the local Hub cache and the Hub cannot be reached "
+            "(HF_HUB_OFFLINE=1 or no network): download it once with network access"
+        )
     status = getattr(getattr(exc, "response", None), "status_code", None)
     if status == 401:
         return f"{kind} {repo_id}: the Hub refused the token (401): log in again (`hf auth login`) or fix HF_TOKEN"

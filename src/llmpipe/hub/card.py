@@ -35,8 +35,13 @@ def pipeline_version() -> dict:
 
     out = {"llmpipe": __version__, "git_commit": "unknown", "git_dirty": None}
     try:
-        run = lambda *a: subprocess.run(["git", "-C", str(REPO_ROOT), *a], capture_output=True, text=True,  # noqa: E731
-                                        check=True, timeout=10).stdout.strip()
+        run = lambda *a: subprocess.run(
+            ["git", "-C", str(REPO_ROOT), *a],
+            capture_output=True,
+            text=True,  # noqa: E731
+            check=True,
+            timeout=10,
+        ).stdout.strip()
         out["git_commit"] = run("rev-parse", "HEAD")
         out["git_dirty"] = bool(run("status", "--porcelain", "--untracked-files=no"))
     except (OSError, subprocess.SubprocessError):
@@ -64,8 +69,16 @@ def _table(header: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
-def card_facts(cfg: dict, hf_dir: Path, manifest: dict, sources: dict, metrics: list[dict], evaluation: dict,
-               summary: dict, base: dict | None = None) -> dict:
+def card_facts(
+    cfg: dict,
+    hf_dir: Path,
+    manifest: dict,
+    sources: dict,
+    metrics: list[dict],
+    evaluation: dict,
+    summary: dict,
+    base: dict | None = None,
+) -> dict:
     """Everything the card states, as data (also written as card.json)."""
     model_cfg = json.loads((hf_dir / "config.json").read_text())
     release = cfg["hub"]["release"]
@@ -73,32 +86,60 @@ def card_facts(cfg: dict, hf_dir: Path, manifest: dict, sources: dict, metrics: 
     data_rows = []
     for i, entry in enumerate(sources["sources"]):
         counts = per_source.get(str(i), {})
-        data_rows.append({
-            "source": entry["source"], "sha256": entry.get("sha256") or entry.get("etag") or "-",
-            "bytes": entry.get("size"), "group": entry.get("group"),
-            "train_tokens": counts.get("train", {}).get("tokens", 0), "val_tokens": counts.get("val", {}).get("tokens", 0),
-        })
+        data_rows.append(
+            {
+                "source": entry["source"],
+                "sha256": entry.get("sha256") or entry.get("etag") or "-",
+                "bytes": entry.get("size"),
+                "group": entry.get("group"),
+                "train_tokens": counts.get("train", {}).get("tokens", 0),
+                "val_tokens": counts.get("val", {}).get("tokens", 0),
+            }
+        )
     last = metrics[-1] if metrics else {}
     return {
         "model": {
             "architecture": (model_cfg.get("architectures") or [model_cfg.get("model_type")])[0],
             "parameters": count_parameters(hf_dir),
-            **{k: model_cfg.get(k) for k in ("model_type", "num_hidden_layers", "hidden_size", "intermediate_size",
-                                             "num_attention_heads", "num_key_value_heads", "vocab_size",
-                                             "max_position_embeddings", "tie_word_embeddings", "dtype")},
+            **{
+                k: model_cfg.get(k)
+                for k in (
+                    "model_type",
+                    "num_hidden_layers",
+                    "hidden_size",
+                    "intermediate_size",
+                    "num_attention_heads",
+                    "num_key_value_heads",
+                    "vocab_size",
+                    "max_position_embeddings",
+                    "tie_word_embeddings",
+                    "dtype",
+                )
+            },
             "rope_theta": model_cfg.get("rope_theta", (model_cfg.get("rope_parameters") or {}).get("rope_theta")),
             "base_model": base,
         },
         "tokenizer": {"source": cfg["tokenizer"]["source"], **manifest["tokenizer"]},
-        "data": {"sources": data_rows, "sources_key": sources["key"], "store_fingerprint": manifest["fingerprint"],
-                 "totals": manifest["totals"], "mixture": sources.get("mixture"),
-                 "hub_datasets": cfg["hub"]["datasets"]},
+        "data": {
+            "sources": data_rows,
+            "sources_key": sources["key"],
+            "store_fingerprint": manifest["fingerprint"],
+            "totals": manifest["totals"],
+            "mixture": sources.get("mixture"),
+            "hub_datasets": cfg["hub"]["datasets"],
+        },
         "hyperparameters": cfg["train"],
-        "training": {"backend": cfg["train"]["backend"], "hardware": release["hardware"] or "not recorded",
-                     "world_size": summary.get("world_size"), "precision": summary.get("precision"),
-                     "parallel": cfg["parallel"],
-                     "steps": summary.get("steps", last.get("step")), "tokens": last.get("tokens"),
-                     "final_train_loss": last.get("loss"), "final_val_loss": summary.get("final_val_loss")},
+        "training": {
+            "backend": cfg["train"]["backend"],
+            "hardware": release["hardware"] or "not recorded",
+            "world_size": summary.get("world_size"),
+            "precision": summary.get("precision"),
+            "parallel": cfg["parallel"],
+            "steps": summary.get("steps", last.get("step")),
+            "tokens": last.get("tokens"),
+            "final_train_loss": last.get("loss"),
+            "final_val_loss": summary.get("final_val_loss"),
+        },
         "evaluation": evaluation,
         "pipeline": pipeline_version(),
         "licenses": {"model": release["license"], "data": release["data_license"], "code": release["code_license"]},
@@ -112,7 +153,9 @@ def render(facts: dict, repo_id: str | None) -> str:
     data = ModelCardData(
         license=lic["model"] if lic["model"] in _HUB_LICENSES else "other",
         license_name=None if lic["model"] in _HUB_LICENSES else lic["model"],
-        library_name="transformers", pipeline_tag="text-generation", tags=["llmpipe", "pretraining"],
+        library_name="transformers",
+        pipeline_tag="text-generation",
+        tags=["llmpipe", "pretraining"],
         datasets=[d["id"] for d in facts["data"]["hub_datasets"]] or None,
         base_model=(facts["model"]["base_model"] or {}).get("repo_id"),
     )
@@ -122,22 +165,39 @@ def render(facts: dict, repo_id: str | None) -> str:
         "Trained with llmpipe (a Snakemake pre-training pipeline). Every figure below is read from the run's own "
         "outputs; card.json holds them as data.",
         "## Model",
-        _table(["field", "value"], [[k, v] for k, v in m.items() if k != "base_model"]
-               + [["base_model", json.dumps(m["base_model"]) if m["base_model"] else "none (trained from scratch)"]]),
+        _table(
+            ["field", "value"],
+            [[k, v] for k, v in m.items() if k != "base_model"]
+            + [["base_model", json.dumps(m["base_model"]) if m["base_model"] else "none (trained from scratch)"]],
+        ),
         "## Tokenizer",
         _table(["field", "value"], [[k, v] for k, v in t.items()]),
         "## Data",
-        _table(["source", "sha256 / etag", "bytes", "mixture group", "train tokens", "val tokens"],
-               [[r["source"], r["sha256"], r["bytes"], r["group"] if r["group"] is not None else "-", r["train_tokens"],
-                 r["val_tokens"]] for r in facts["data"]["sources"]]),
+        _table(
+            ["source", "sha256 / etag", "bytes", "mixture group", "train tokens", "val tokens"],
+            [
+                [
+                    r["source"],
+                    r["sha256"],
+                    r["bytes"],
+                    r["group"] if r["group"] is not None else "-",
+                    r["train_tokens"],
+                    r["val_tokens"],
+                ]
+                for r in facts["data"]["sources"]
+            ],
+        ),
         f"Totals: {json.dumps(facts['data']['totals'], sort_keys=True)}; sources key `{facts['data']['sources_key']}`, "
         f"token store fingerprint `{facts['data']['store_fingerprint']}`.",
     ]
     mix = facts["data"]["mixture"]
     if mix:
-        parts.append(_table(["group", "weight", "sampling rate", "documents", "bytes"],
-                            [[g["name"], g["weight"], f"{g['rate']:.6f}", g["documents"], g["bytes"]]
-                             for g in mix["groups"]]))
+        parts.append(
+            _table(
+                ["group", "weight", "sampling rate", "documents", "bytes"],
+                [[g["name"], g["weight"], f"{g['rate']:.6f}", g["documents"], g["bytes"]] for g in mix["groups"]],
+            )
+        )
     parts += [
         "## Training",
         _table(["field", "value"], [[k, v] for k, v in tr.items()]),
@@ -158,13 +218,35 @@ def render(facts: dict, repo_id: str | None) -> str:
 
 
 SKIP = shutil.ignore_patterns(".snakemake_timestamp")  # Snakemake's marker in directory outputs
-_HUB_LICENSES = {"apache-2.0", "mit", "cc-by-4.0", "cc-by-sa-4.0", "cc0-1.0", "bsd-3-clause", "llama2", "llama3",
-                 "llama3.1", "openrail", "gpl-3.0", "odc-by", "other"}
+_HUB_LICENSES = {
+    "apache-2.0",
+    "mit",
+    "cc-by-4.0",
+    "cc-by-sa-4.0",
+    "cc0-1.0",
+    "bsd-3-clause",
+    "llama2",
+    "llama3",
+    "llama3.1",
+    "openrail",
+    "gpl-3.0",
+    "odc-by",
+    "other",
+}
 
 
-def build_release(cfg: dict, hf_dir: str | Path, manifest: str | Path, sources: str | Path, metrics: str | Path,
-                  evaluation: str | Path, summary: str | Path, out: str | Path, data_view: str | Path | None = None,
-                  base: str | Path | None = None) -> dict:
+def build_release(
+    cfg: dict,
+    hf_dir: str | Path,
+    manifest: str | Path,
+    sources: str | Path,
+    metrics: str | Path,
+    evaluation: str | Path,
+    summary: str | Path,
+    out: str | Path,
+    data_view: str | Path | None = None,
+    base: str | Path | None = None,
+) -> dict:
     from llmpipe.report import plot, read_metrics
 
     hf_dir, out = Path(hf_dir), Path(out)
@@ -173,9 +255,16 @@ def build_release(cfg: dict, hf_dir: str | Path, manifest: str | Path, sources: 
     if base_record:
         base_record = {k: base_record.get(k) for k in ("repo_id", "revision", "commit", "path") if base_record.get(k)}
     manifest_data = json.loads(Path(manifest).read_text())
-    facts = card_facts(cfg, hf_dir, manifest_data, json.loads(Path(sources).read_text()), recs,
-                       json.loads(Path(evaluation).read_text()),
-                       json.loads(Path(summary).read_text()) if Path(summary).is_file() else {}, base_record)
+    facts = card_facts(
+        cfg,
+        hf_dir,
+        manifest_data,
+        json.loads(Path(sources).read_text()),
+        recs,
+        json.loads(Path(evaluation).read_text()),
+        json.loads(Path(summary).read_text()) if Path(summary).is_file() else {},
+        base_record,
+    )
     release = cfg["hub"]["release"]
     with atomic_path(out) as tmp:
         shutil.copytree(hf_dir, tmp, ignore=SKIP)
@@ -203,8 +292,9 @@ def build_release(cfg: dict, hf_dir: str | Path, manifest: str | Path, sources: 
 def main(argv: list[str] | None = None) -> None:
     from llmpipe import config as cfgmod
 
-    p = argparse.ArgumentParser(prog="llmpipe model-card", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="llmpipe model-card", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--config", required=True, help="the run's full config (YAML/JSON file or inline JSON)")
     for name in ("hf", "manifest", "sources", "metrics", "eval", "summary"):
         p.add_argument(f"--{name}", required=True)
@@ -212,5 +302,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--base", help="downloaded base model folder (its hub.json names the base model)")
     p.add_argument("--out", required=True, help="release folder to write")
     args = p.parse_args(argv)
-    build_release(cfgmod.load(args.config), args.hf, args.manifest, args.sources, args.metrics, args.eval, args.summary,
-                  args.out, args.data_view, args.base)
+    build_release(
+        cfgmod.load(args.config),
+        args.hf,
+        args.manifest,
+        args.sources,
+        args.metrics,
+        args.eval,
+        args.summary,
+        args.out,
+        args.data_view,
+        args.base,
+    )

@@ -21,8 +21,14 @@ from llmpipe.io import atomic_path, sha256_file, write_json
 log = logging.getLogger(__name__)
 
 
-def download_dataset(dataset_id: str, out: str | Path, config: str | None = None, split: str = "train",
-                     revision: str | None = None, text_field: str | None = None) -> dict:
+def download_dataset(
+    dataset_id: str,
+    out: str | Path,
+    config: str | None = None,
+    split: str = "train",
+    revision: str | None = None,
+    text_field: str | None = None,
+) -> dict:
     import datasets
 
     out = Path(out)
@@ -35,8 +41,10 @@ def download_dataset(dataset_id: str, out: str | Path, config: str | None = None
     if isinstance(ds, datasets.DatasetDict):  # not reached with a split, kept for clarity
         raise HubError(f"dataset {dataset_id}: give one split expression, got {list(ds)}")
     if text_field and text_field not in ds.column_names:
-        raise HubError(f"dataset {dataset_id} split {split!r} has no {text_field!r} column "
-                       f"(columns: {', '.join(ds.column_names)}); set data.text_field")
+        raise HubError(
+            f"dataset {dataset_id} split {split!r} has no {text_field!r} column "
+            f"(columns: {', '.join(ds.column_names)}); set data.text_field"
+        )
     commit = None
     if not Path(dataset_id).exists():
         try:
@@ -47,8 +55,17 @@ def download_dataset(dataset_id: str, out: str | Path, config: str | None = None
             log.info("dataset commit not resolved (%s)", type(exc).__name__)
     with atomic_path(out) as tmp:
         ds.to_parquet(str(tmp))
-    record = {"id": dataset_id, "config": config, "split": split, "revision": revision, "commit": commit,
-              "rows": ds.num_rows, "columns": ds.column_names, "sha256": sha256_file(out), "bytes": out.stat().st_size}
+    record = {
+        "id": dataset_id,
+        "config": config,
+        "split": split,
+        "revision": revision,
+        "commit": commit,
+        "rows": ds.num_rows,
+        "columns": ds.column_names,
+        "sha256": sha256_file(out),
+        "bytes": out.stat().st_size,
+    }
     write_json(out.with_name(out.name + ".json"), record)
     log.info("dataset %s[%s] -> %s: %d rows", dataset_id, split, out, ds.num_rows)
     return record
@@ -57,8 +74,9 @@ def download_dataset(dataset_id: str, out: str | Path, config: str | None = None
 def main(argv: list[str] | None = None) -> None:
     from llmpipe import config as cfgmod
 
-    p = argparse.ArgumentParser(prog="llmpipe download-dataset", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="llmpipe download-dataset", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--config", help="config: with --name, reads hub.datasets[name] (and data.text_field)")
     p.add_argument("--name", help="entry of hub.datasets")
     p.add_argument("--id", help="Hub dataset id or local dataset folder")

@@ -42,8 +42,10 @@ def check_complete(folder: Path, where: str) -> list[str]:
         return shards
     weights = sorted(p.name for p in folder.glob("*.safetensors"))
     if not weights:
-        raise HubError(f"{where}: no *.safetensors weights (pickle checkpoints are not downloaded; "
-                       "add a pattern to hub.allow_patterns only if you trust the repo)")
+        raise HubError(
+            f"{where}: no *.safetensors weights (pickle checkpoints are not downloaded; "
+            "add a pattern to hub.allow_patterns only if you trust the repo)"
+        )
     return weights
 
 
@@ -63,22 +65,37 @@ def _copy_tree(src: Path, dst: Path) -> list[str]:
     return files
 
 
-def fetch_snapshot(ref: str, patterns: list[str], cache_dir: str | None = None, endpoint: str | None = None,
-                   revision: str | None = None, kind: str = "model") -> tuple[str, str | None, Path]:
+def fetch_snapshot(
+    ref: str,
+    patterns: list[str],
+    cache_dir: str | None = None,
+    endpoint: str | None = None,
+    revision: str | None = None,
+    kind: str = "model",
+) -> tuple[str, str | None, Path]:
     """(repo id, revision asked for, snapshot folder) of a Hub ref, only `patterns` files, through
     huggingface_hub's cache; its errors become one HubError line naming the fix."""
     from huggingface_hub import snapshot_download
 
     repo_id, rev = parse_ref(ref, revision)
     try:
-        return repo_id, rev, Path(snapshot_download(repo_id, revision=rev, allow_patterns=patterns,
-                                                    cache_dir=cache_dir, endpoint=endpoint))
+        return (
+            repo_id,
+            rev,
+            Path(snapshot_download(repo_id, revision=rev, allow_patterns=patterns, cache_dir=cache_dir, endpoint=endpoint)),
+        )
     except Exception as exc:  # huggingface_hub / network errors
         raise HubError(explain(exc, repo_id, rev, kind)) from None
 
 
-def download_model(ref: str, out: str | Path, revision: str | None = None, allow_patterns: list[str] | None = None,
-                   cache_dir: str | None = None, endpoint: str | None = None) -> dict:
+def download_model(
+    ref: str,
+    out: str | Path,
+    revision: str | None = None,
+    allow_patterns: list[str] | None = None,
+    cache_dir: str | None = None,
+    endpoint: str | None = None,
+) -> dict:
     """`ref` (Hub id, optionally @revision, or a local folder) -> `out`, complete or not at all."""
     out = Path(out)
     patterns = list(allow_patterns or DEFAULT_PATTERNS)
@@ -92,8 +109,13 @@ def download_model(ref: str, out: str | Path, revision: str | None = None, allow
     else:
         repo_id, rev, snapshot = fetch_snapshot(ref, patterns, cache_dir, endpoint, revision)
         check_complete(snapshot, f"{repo_id}@{rev or 'main'}")
-        record = {"source": "hub", "repo_id": repo_id, "revision": rev or "main", "commit": snapshot.name,
-                  "allow_patterns": patterns}
+        record = {
+            "source": "hub",
+            "repo_id": repo_id,
+            "revision": rev or "main",
+            "commit": snapshot.name,
+            "allow_patterns": patterns,
+        }
     with atomic_path(out) as tmp:
         tmp.mkdir()
         files = _copy_tree(snapshot, tmp)
@@ -108,8 +130,9 @@ def download_model(ref: str, out: str | Path, revision: str | None = None, allow
 def main(argv: list[str] | None = None) -> None:
     from llmpipe import config as cfgmod
 
-    p = argparse.ArgumentParser(prog="llmpipe download-model", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="llmpipe download-model", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--model", help="org/name[@revision], hf://org/name, or a local folder (default: model.init_from)")
     p.add_argument("--config", help="config (reads model.init_from and hub.*)")
     p.add_argument("--revision", help="branch, tag or commit (an @revision in --model wins)")
@@ -121,8 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     if not ref:
         p.error("no --model and no model.init_from in the config")
     try:
-        download_model(ref, args.out, args.revision or hub["revision"], hub["allow_patterns"], hub["cache_dir"],
-                       hub["endpoint"])
+        download_model(ref, args.out, args.revision or hub["revision"], hub["allow_patterns"], hub["cache_dir"], hub["endpoint"])
     except HubError as exc:
         print(f"llmpipe download-model: {exc}", file=sys.stderr)
         sys.exit(1)

@@ -23,8 +23,14 @@ log = logging.getLogger(__name__)
 SKIP = [".snakemake_timestamp", "*/.snakemake_timestamp"]  # Snakemake's marker in directory outputs
 
 
-def release(folder: str | Path, repo_id: str, out: str | Path, private: bool = True, endpoint: str | None = None,
-            commit_message: str | None = None) -> dict:
+def release(
+    folder: str | Path,
+    repo_id: str,
+    out: str | Path,
+    private: bool = True,
+    endpoint: str | None = None,
+    commit_message: str | None = None,
+) -> dict:
     from huggingface_hub import HfApi
 
     folder = Path(folder)
@@ -32,12 +38,23 @@ def release(folder: str | Path, repo_id: str, out: str | Path, private: bool = T
     api = HfApi(endpoint=endpoint)
     try:
         repo = api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
-        info = api.upload_folder(repo_id=repo_id, repo_type="model", folder_path=str(folder), ignore_patterns=SKIP,
-                                 commit_message=commit_message or f"llmpipe release ({len(files) + 1} files)")
+        info = api.upload_folder(
+            repo_id=repo_id,
+            repo_type="model",
+            folder_path=str(folder),
+            ignore_patterns=SKIP,
+            commit_message=commit_message or f"llmpipe release ({len(files) + 1} files)",
+        )
     except Exception as exc:
         raise HubError(explain(exc, repo_id, None).replace("model ", "release repo ", 1)) from None
-    record = {"repo_id": repo_id, "private": private, "url": str(repo), "commit": info.oid,
-              "commit_url": info.commit_url, "files": files}
+    record = {
+        "repo_id": repo_id,
+        "private": private,
+        "url": str(repo),
+        "commit": info.oid,
+        "commit_url": info.commit_url,
+        "files": files,
+    }
     write_json(out, record)
     log.info("released %s to %s at commit %s", folder, repo_id, info.oid)
     return record
@@ -46,8 +63,7 @@ def release(folder: str | Path, repo_id: str, out: str | Path, private: bool = T
 def main(argv: list[str] | None = None) -> None:
     from llmpipe import config as cfgmod
 
-    p = argparse.ArgumentParser(prog="llmpipe release", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="llmpipe release", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True, help="reads hub.release and hub.endpoint")
     p.add_argument("--folder", required=True, help="release folder from llmpipe model-card")
     p.add_argument("--out", required=True, help="release.json to write")

@@ -96,8 +96,11 @@ def init_model(cfg: dict, tokenizer_dir: str | Path, out_dir: str | Path) -> Non
         if rows < len(tok):
             raise ValueError(f"model.init_from {base} has {rows} embedding rows but the tokenizer has {len(tok)} tokens")
         if model.config.max_position_embeddings < cfg["train"]["seq_len"]:
-            log.warning("train.seq_len %d exceeds the base model's max_position_embeddings %d",
-                        cfg["train"]["seq_len"], model.config.max_position_embeddings)
+            log.warning(
+                "train.seq_len %d exceeds the base model's max_position_embeddings %d",
+                cfg["train"]["seq_len"],
+                model.config.max_position_embeddings,
+            )
         log.info("continuing from %s (%d parameters)", base, model.num_parameters())
     else:
         torch.manual_seed(cfg["train"]["seed"])

@@ -74,9 +74,15 @@ def newest_intact(root: Path) -> Path | None:
         if not bad:
             return path
         older = [s for s in steps if s < step]
-        log.error("checkpoint %s is damaged: %s do not match their recorded sha256%s", path, ", ".join(bad),
-                  f"; falling back to step {older[-1]}" if older else "")
+        log.error(
+            "checkpoint %s is damaged: %s do not match their recorded sha256%s",
+            path,
+            ", ".join(bad),
+            f"; falling back to step {older[-1]}" if older else "",
+        )
     if steps:
-        raise CheckpointError(f"no checkpoint in {root} verifies (steps {steps} are all damaged): delete {root} to start "
-                              "from the initial model, or set train.resume: false")
+        raise CheckpointError(
+            f"no checkpoint in {root} verifies (steps {steps} are all damaged): delete {root} to start "
+            "from the initial model, or set train.resume: false"
+        )
     return None

@@ -15,6 +15,7 @@ def trainer_parser(prog: str, doc: str | None, tokenizer: bool = False) -> argpa
     p.add_argument("--checkpoints", required=True, help="folder for resumable step_* checkpoints")
     p.add_argument("--metrics", required=True, help="metrics.jsonl path")
     p.add_argument("--out", required=True, help="final HF-format model folder")
-    p.add_argument("--stop-after", type=int, default=None,
-                   help="checkpoint after this step and exit without --out (as if preempted)")
+    p.add_argument(
+        "--stop-after", type=int, default=None, help="checkpoint after this step and exit without --out (as if preempted)"
+    )
     return p

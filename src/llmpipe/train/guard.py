@@ -23,22 +23,34 @@ class NonFiniteGuard:
 
     def ok(self, step: int, loss: float, grad_norm: float | None) -> bool:
         """True: apply this step. False: skip it (within the allowance). Raises NonFiniteError beyond it."""
-        bad = [f"{name} {value}" for name, value in (("loss", loss), ("grad_norm", grad_norm))
-               if value is not None and not math.isfinite(value)]
+        bad = [
+            f"{name} {value}"
+            for name, value in (("loss", loss), ("grad_norm", grad_norm))
+            if value is not None and not math.isfinite(value)
+        ]
         if not bad:
             return True
         if len(self.skipped) < self.allowed:
             self.skipped.append(step)
-            log.warning("step %d: %s: skipped, no update (%d of train.skip_nonfinite_steps %d)", step,
-                        ", ".join(bad), len(self.skipped), self.allowed)
+            log.warning(
+                "step %d: %s: skipped, no update (%d of train.skip_nonfinite_steps %d)",
+                step,
+                ", ".join(bad),
+                len(self.skipped),
+                self.allowed,
+            )
             return False
-        raise NonFiniteError(f"step {step}: {', '.join(bad)}: training stopped before updating the weights "
-                             f"(skipped before: {self.skipped or 'none'}; train.skip_nonfinite_steps {self.allowed}); "
-                             "the checkpoints hold finite weights: lower train.lr, check the data, or allow skips")
+        raise NonFiniteError(
+            f"step {step}: {', '.join(bad)}: training stopped before updating the weights "
+            f"(skipped before: {self.skipped or 'none'}; train.skip_nonfinite_steps {self.allowed}); "
+            "the checkpoints hold finite weights: lower train.lr, check the data, or allow skips"
+        )
 
     def after_update(self, step: int, grad_norm: float | None) -> None:
         """A norm known only after the optimizer applied it (sharded optimizers): no skip can undo it, so
         a non-finite one stops training before anything is saved."""
         if grad_norm is not None and not math.isfinite(grad_norm):
-            raise NonFiniteError(f"step {step}: grad_norm {grad_norm} (known after the update): training stopped "
-                                 "before saving; the checkpoints hold finite weights: lower train.lr or check the data")
+            raise NonFiniteError(
+                f"step {step}: grad_norm {grad_norm} (known after the update): training stopped "
+                "before saving; the checkpoints hold finite weights: lower train.lr or check the data"
+            )

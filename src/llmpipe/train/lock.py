@@ -77,7 +77,8 @@ class TrainerLock:
                         f"{self.path.parent} is held by another {held.get('what', 'trainer')}: pid {held.get('pid')} on "
                         f"host {held.get('host')} (heartbeat {age:.0f} s ago): two trainers would write the same "
                         f"checkpoints. Stop that one, or wait for it; its lock ({self.path}) is released when it exits, "
-                        f"or taken over {LEASE:.0f} s after its last heartbeat")
+                        f"or taken over {LEASE:.0f} s after its last heartbeat"
+                    )
                 self._write()  # take over a dead holder's lease, then make sure no one else did too
                 time.sleep(0.2)
                 if self._ours():
@@ -113,7 +114,7 @@ def snakemake_ancestor(pid: int | None = None) -> tuple[int, str] | None:
             stat = Path(f"/proc/{pid}/stat").read_text()
         except OSError:
             return None
-        fields = stat[stat.rindex(")") + 2:].split()
+        fields = stat[stat.rindex(")") + 2 :].split()
         if is_snakemake(argv):
             return pid, fields[19]  # field 22: start time, which a reused pid does not share
         pid = int(fields[1])  # field 4: ppid
@@ -126,8 +127,11 @@ def is_snakemake(argv: list[str]) -> bool:
     names = [os.path.basename(a) for a in argv[:3]]
     if names and names[0] == "snakemake":
         return True
-    return len(names) > 1 and names[0].startswith("python") and (
-        names[1] == "snakemake" or (names[1] == "-m" and len(names) > 2 and argv[2] == "snakemake"))
+    return (
+        len(names) > 1
+        and names[0].startswith("python")
+        and (names[1] == "snakemake" or (names[1] == "-m" and len(names) > 2 and argv[2] == "snakemake"))
+    )
 
 
 def alive(proc: tuple[int, str]) -> bool:
@@ -135,4 +139,4 @@ def alive(proc: tuple[int, str]) -> bool:
         stat = Path(f"/proc/{proc[0]}/stat").read_text()
     except OSError:
         return False
-    return stat[stat.rindex(")") + 2:].split()[19] == proc[1] and stat[stat.rindex(")") + 2:].split()[0] != "Z"
+    return stat[stat.rindex(")") + 2 :].split()[19] == proc[1] and stat[stat.rindex(")") + 2 :].split()[0] != "Z"

@@ -64,14 +64,27 @@ class StepLoop:
 
     def record(self, done: int, loss: float, lr: float, grad_norm: float | None) -> dict:
         elapsed = time.perf_counter() - self.clock
-        return {"step": done, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens": done * self.tokens_per_step,
-                "epoch": self.sampler.epoch_of(done, self.t["global_batch_size"]),
-                "tokens_per_s": (done - self.start) * self.tokens_per_step / max(elapsed, 1e-9)}
+        return {
+            "step": done,
+            "loss": loss,
+            "lr": lr,
+            "grad_norm": grad_norm,
+            "tokens": done * self.tokens_per_step,
+            "epoch": self.sampler.epoch_of(done, self.t["global_batch_size"]),
+            "tokens_per_s": (done - self.start) * self.tokens_per_step / max(elapsed, 1e-9),
+        }
 
     def log(self, record: dict) -> None:
         done, max_steps = record["step"], self.t["max_steps"]
         if self.main and (done % self.t["log_interval"] == 0 or done == max_steps or "val_loss" in record):
             grad_norm = record["grad_norm"]
-            log.info("step %d/%d loss %.4f lr %.2e grad_norm %s %.0f tok/s%s", done, max_steps, record["loss"],
-                     record["lr"], f"{grad_norm:.3f}" if grad_norm is not None else "-", record["tokens_per_s"],
-                     f" val_loss {record['val_loss']:.4f}" if "val_loss" in record else "")
+            log.info(
+                "step %d/%d loss %.4f lr %.2e grad_norm %s %.0f tok/s%s",
+                done,
+                max_steps,
+                record["loss"],
+                record["lr"],
+                f"{grad_norm:.3f}" if grad_norm is not None else "-",
+                record["tokens_per_s"],
+                f" val_loss {record['val_loss']:.4f}" if "val_loss" in record else "",
+            )

@@ -17,15 +17,15 @@ def logits_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.T
     return loss, (shift_labels != IGNORE_INDEX).sum()
 
 
-def lm_loss_sum(model, input_ids: torch.Tensor, labels: torch.Tensor,
-                attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def lm_loss_sum(
+    model, input_ids: torch.Tensor, labels: torch.Tensor, attention_mask: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """`logits_loss_sum` of the model's forward pass.
 
     Without an attention mask: rows are packed (all real tokens) or padded only at the end, and causal
     attention never lets a real token see later padding. The colossal trainer passes the view's mask.
     """
-    inputs = {"input_ids": input_ids} if attention_mask is None else {"input_ids": input_ids,
-                                                                      "attention_mask": attention_mask}
+    inputs = {"input_ids": input_ids} if attention_mask is None else {"input_ids": input_ids, "attention_mask": attention_mask}
     return logits_loss_sum(model(**inputs).logits, labels)
 
 
@@ -35,8 +35,9 @@ def label_count(batches: list[dict]) -> int:
 
 
 @torch.no_grad()
-def dataset_loss(model, dataset, batch_size: int, device: torch.device, autocast_dtype=None,
-                 progress: str | None = None) -> tuple[float, int]:
+def dataset_loss(
+    model, dataset, batch_size: int, device: torch.device, autocast_dtype=None, progress: str | None = None
+) -> tuple[float, int]:
     """Token-weighted mean loss over a whole view split, and the number of predicted tokens
     (with a progress bar named `progress`, if given)."""
     from tqdm import tqdm

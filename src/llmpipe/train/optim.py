@@ -19,8 +19,10 @@ def param_groups(model, weight_decay: float) -> list[dict]:
 def build_optimizer(model, t: dict, optimizer_cls=torch.optim.AdamW, **kwargs):
     """(optimizer, LambdaLR scheduler) from train.* `t`. `optimizer_cls` takes param groups, lr, betas and
     eps (torch AdamW by default; ColossalAI's HybridAdam with adamw_mode=True in `kwargs` on GPU)."""
-    opt = optimizer_cls(param_groups(model, t["weight_decay"]), lr=t["lr"], betas=(t["beta1"], t["beta2"]),
-                        eps=t["eps"], **kwargs)
+    opt = optimizer_cls(
+        param_groups(model, t["weight_decay"]), lr=t["lr"], betas=(t["beta1"], t["beta2"]), eps=t["eps"], **kwargs
+    )
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: lr_at(s, t["lr"], t["min_lr"], t["warmup_steps"], t["max_steps"]) / t["lr"])
+        opt, lambda s: lr_at(s, t["lr"], t["min_lr"], t["warmup_steps"], t["max_steps"]) / t["lr"]
+    )
     return opt, sched

@@ -19,8 +19,17 @@ from llmpipe.train.checkpoint import CheckpointError, complete_steps, newest_int
 log = logging.getLogger(__name__)
 
 # train.* keys that may change between a checkpoint and its resume without changing the result.
-RESUME_NEUTRAL = {"launcher", "threads", "log_interval", "save_interval", "eval_interval",
-                  "keep_checkpoints", "resume", "skip_nonfinite_steps", "slurm_auto_resume"}
+RESUME_NEUTRAL = {
+    "launcher",
+    "threads",
+    "log_interval",
+    "save_interval",
+    "eval_interval",
+    "keep_checkpoints",
+    "resume",
+    "skip_nonfinite_steps",
+    "slurm_auto_resume",
+}
 IDENTITY = ("init_sha256", "view")  # fingerprint entries that are not settings
 
 
@@ -41,8 +50,7 @@ def fingerprint(cfg: dict, init_dir: Path, view_dir: Path, **sections: dict) -> 
     """What a checkpoint must agree on to be resumed: the train.* settings (RESUME_NEUTRAL left out), any
     backend `sections` (e.g. colossal= its parallel layout), the initial model and the data view."""
     view = json.loads((Path(view_dir) / "view.json").read_text())
-    return {"train": train_settings(cfg), **sections, "init_sha256": init_sha256(Path(init_dir)),
-            "view": view["fingerprint"]}
+    return {"train": train_settings(cfg), **sections, "init_sha256": init_sha256(Path(init_dir)), "view": view["fingerprint"]}
 
 
 def changed_keys(old: dict, new: dict) -> dict:
@@ -65,7 +73,8 @@ def check_fingerprint(old: dict, new: dict, path: Path, root: Path) -> None:
         f"init model same: {old.get('init_sha256') == new['init_sha256']}; data view same: "
         f"{old.get('view') == new['view']}). Its weights stay in {root} (nothing was deleted): train anew under "
         "another name (--config run=NEW), or restart this run from the initial model (train: {resume: false}; it "
-        "replaces these checkpoints)")
+        "replaces these checkpoints)"
+    )
 
 
 def resume_state(root: Path, t: dict, fp: dict, main: bool = True) -> tuple[Path, dict] | None:
@@ -92,8 +101,10 @@ def newest_state(root: Path) -> tuple[Path, dict] | None:
     return None
 
 
-WAYS_OUT = ("Keep them and train anew under another name (--config run=NEW), or restart this run from the initial "
-            "model (train: {resume: false} in your --configfile; it replaces its checkpoints)")
+WAYS_OUT = (
+    "Keep them and train anew under another name (--config run=NEW), or restart this run from the initial "
+    "model (train: {resume: false} in your --configfile; it replaces its checkpoints)"
+)
 
 
 def changed_inputs(root: Path, init_dir: Path, view_dir: Path, run: str) -> str | None:
@@ -104,13 +115,20 @@ def changed_inputs(root: Path, init_dir: Path, view_dir: Path, run: str) -> str 
         return None
     path, old = found[0], found[1]["fingerprint"]
     view = json.loads((Path(view_dir) / "view.json").read_text())["fingerprint"]
-    changed = [what for what, same in (("data view", old.get("view") == view),
-                                       ("initial model", old.get("init_sha256") == init_sha256(Path(init_dir))))
-               if not same]
+    changed = [
+        what
+        for what, same in (
+            ("data view", old.get("view") == view),
+            ("initial model", old.get("init_sha256") == init_sha256(Path(init_dir))),
+        )
+        if not same
+    ]
     if not changed:
         return None
-    return (f"run {run!r} has checkpoints ({path.name}) trained on another {' and another '.join(changed)} than this "
-            f"run now has; nothing was deleted (the trained model is in {path.parent}). {WAYS_OUT}")
+    return (
+        f"run {run!r} has checkpoints ({path.name}) trained on another {' and another '.join(changed)} than this "
+        f"run now has; nothing was deleted (the trained model is in {path.parent}). {WAYS_OUT}"
+    )
 
 
 def changed_settings(cfg: dict, root: Path, run: str) -> str | None:
@@ -124,5 +142,7 @@ def changed_settings(cfg: dict, root: Path, run: str) -> str | None:
     diff = [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
     if not diff:
         return None
-    return (f"run {run!r} has checkpoints trained with other settings ({path.name}: train.{'; train.'.join(diff)}); "
-            f"nothing was deleted. {WAYS_OUT}")
+    return (
+        f"run {run!r} has checkpoints trained with other settings ({path.name}: train.{'; train.'.join(diff)}); "
+        f"nothing was deleted. {WAYS_OUT}"
+    )

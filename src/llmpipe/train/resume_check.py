@@ -16,8 +16,9 @@ from llmpipe.train.resume import changed_inputs, newest_state
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="llmpipe resume-check", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="llmpipe resume-check", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--checkpoints", required=True, help="the backend's checkpoint folder")
     p.add_argument("--init", required=True)
     p.add_argument("--data", required=True, help="the view training reads")

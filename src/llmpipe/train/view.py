@@ -18,7 +18,11 @@ def load_view(data_dir: Path, t: dict):
     if len(train_ds[0]["input_ids"]) != t["seq_len"]:
         raise ValueError(f"view {data_dir} has rows of {len(train_ds[0]['input_ids'])} tokens, train.seq_len is {t['seq_len']}")
     if t["global_batch_size"] > len(train_ds):
-        log.warning("train.global_batch_size %d exceeds the %d train rows: every step repeats rows (%.2f epochs per "
-                    "step); use more data or a smaller batch", t["global_batch_size"], len(train_ds),
-                    t["global_batch_size"] / len(train_ds))
+        log.warning(
+            "train.global_batch_size %d exceeds the %d train rows: every step repeats rows (%.2f epochs per "
+            "step); use more data or a smaller batch",
+            t["global_batch_size"],
+            len(train_ds),
+            t["global_batch_size"] / len(train_ds),
+        )
     return train_ds, val_ds

@@ -7,9 +7,9 @@ rule train_echo:
         data=f"{RUN}/data/views/hf",
     output:
         directory(f"{RUN}/checkpoints/echo/final"),
-    params:
-        cfg=cfg_json("echo"),
     log:
         f"{RUN}/logs/train_echo.log",
+    params:
+        cfg=cfg_json("echo"),
     shell:
         "python -m llmpipe echo-train --config {params.cfg:q} --init {input.init:q} --out {output:q} > {log:q} 2>&1"

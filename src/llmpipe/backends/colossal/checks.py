@@ -7,7 +7,6 @@ from pathlib import Path
 
 from llmpipe.parallelism import refuse
 
-
 # The ZeRO stage each plugin is (3d: parallel.zero 0-2 chooses it).
 PLUGIN_ZERO = {"gemini": 3, "gemini_auto": 3, "zero2": 2, "ddp": 0}
 
@@ -19,8 +18,13 @@ def parallel_defaults(cfg: dict) -> dict:
 def layout_of(cfg: dict) -> dict:
     """The colossal section with the parallel layout in the plugin's terms (what the trainer builds)."""
     p, plugin = cfg["parallel"], cfg["colossal"]["plugin"]
-    return {**cfg["colossal"], "tp": p["tp"], "pp": p["pp"], "zero_stage": p["zero"] if plugin == "3d" else 0,
-            "gradient_checkpointing": bool(p["activation_checkpointing"])}
+    return {
+        **cfg["colossal"],
+        "tp": p["tp"],
+        "pp": p["pp"],
+        "zero_stage": p["zero"] if plugin == "3d" else 0,
+        "gradient_checkpointing": bool(p["activation_checkpointing"]),
+    }
 
 
 def problems(cfg: dict) -> list[str]:
@@ -31,10 +35,17 @@ def layout_problems(cfg: dict) -> list[str]:
     plugin = cfg["colossal"]["plugin"]
     if plugin == "3d":
         return refuse(cfg, "colossal (plugin 3d)", {"zero": [0, 1, 2], "activation_checkpointing": [True, False]})
-    out = refuse(cfg, f"colossal (plugin {plugin})", {"tp": [1], "pp": [1], "zero": [PLUGIN_ZERO[plugin]],
-                                                       "activation_checkpointing": [True, False]})
-    return [f"{line}; parallel.tp / pp / a chosen zero need colossal.plugin 3d" if "'parallel.tp'" in line or "'parallel.pp'" in line
-            else line for line in out]
+    out = refuse(
+        cfg,
+        f"colossal (plugin {plugin})",
+        {"tp": [1], "pp": [1], "zero": [PLUGIN_ZERO[plugin]], "activation_checkpointing": [True, False]},
+    )
+    return [
+        f"{line}; parallel.tp / pp / a chosen zero need colossal.plugin 3d"
+        if "'parallel.tp'" in line or "'parallel.pp'" in line
+        else line
+        for line in out
+    ]
 
 
 def launcher_problems(cfg: dict) -> list[str]:
@@ -48,6 +59,8 @@ def launcher_problems(cfg: dict) -> list[str]:
     if cfg["train"]["slurm_auto_resume"]:
         out.append("'train.slurm_auto_resume' needs srun, but 'colossal.launcher' colossalai starts the processes itself")
     if re.search(r"[^\w./+:-]", cfg["results_dir"]):
-        out.append(f"'results_dir' ({cfg['results_dir']!r}) has characters `colossalai run` would pass through a shell "
-                   "unquoted (it joins its arguments into one command line): use colossal.launcher llmpipe, or a plain path")
+        out.append(
+            f"'results_dir' ({cfg['results_dir']!r}) has characters `colossalai run` would pass through a shell "
+            "unquoted (it joins its arguments into one command line): use colossal.launcher llmpipe, or a plain path"
+        )
     return out

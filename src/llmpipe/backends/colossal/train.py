@@ -61,6 +61,7 @@ GPU_ONLY = {"gemini", "gemini_auto", "zero2"}
 
 # ---------------------------------------------------------------- setup
 
+
 def init_distributed() -> None:
     """colossalai.launch_from_torch; a plain process (no torchrun) becomes a world of one."""
     import colossalai
@@ -69,8 +70,9 @@ def init_distributed() -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        os.environ.update(
+            RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+        )
     colossalai.launch_from_torch(backend="nccl" if torch.cuda.is_available() else "gloo", verbose=False)
 
 
@@ -91,8 +93,10 @@ def check_layout(c: dict, world: int, on_gpu: bool) -> None:
         raise ValueError(f"world size {world} is not a multiple of parallel.tp x parallel.pp = {c['tp'] * c['pp']}")
     if not on_gpu:
         if c["plugin"] in GPU_ONLY:
-            raise ValueError(f"colossal.plugin {c['plugin']} needs CUDA GPUs (ColossalAI's chunk and ZeRO code asks "
-                             "for a CUDA device); on CPU use ddp or 3d with parallel tp=pp=1, zero 0")
+            raise ValueError(
+                f"colossal.plugin {c['plugin']} needs CUDA GPUs (ColossalAI's chunk and ZeRO code asks "
+                "for a CUDA device); on CPU use ddp or 3d with parallel tp=pp=1, zero 0"
+            )
         if c["plugin"] == "3d" and (c["tp"] > 1 or c["zero_stage"]):
             raise ValueError("parallel.tp > 1 and parallel.zero > 0 need CUDA GPUs; on CPU use tp=1, zero 0")
         if c["pp"] > 1:  # without NCCL its p2p code calls torch.distributed.is_hccl_available (NPU builds only)
@@ -107,14 +111,25 @@ def make_plugin(c: dict, t: dict, precision: str, flash: bool, world: int):
         return TorchDDPPlugin()
     if c["plugin"] in ("gemini", "gemini_auto"):  # data parallel over the whole world
         accum = grad_accum_steps(t["global_batch_size"], t["micro_batch_size"], world) > 1
-        return GeminiPlugin(precision=precision, placement_policy="static" if c["plugin"] == "gemini" else "auto",
-                            max_norm=clip, initial_scale=1, enable_gradient_accumulation=accum,
-                            enable_flash_attention=flash, verbose=False)
+        return GeminiPlugin(
+            precision=precision,
+            placement_policy="static" if c["plugin"] == "gemini" else "auto",
+            max_norm=clip,
+            initial_scale=1,
+            enable_gradient_accumulation=accum,
+            enable_flash_attention=flash,
+            verbose=False,
+        )
     if c["plugin"] == "zero2":
         return LowLevelZeroPlugin(stage=2, precision=precision, max_norm=clip, initial_scale=1)
     return HybridParallelPlugin(
-        tp_size=c["tp"], pp_size=c["pp"], zero_stage=c["zero_stage"], precision=precision, max_norm=clip,
-        microbatch_size=t["micro_batch_size"] if c["pp"] > 1 else None, initial_scale=1,
+        tp_size=c["tp"],
+        pp_size=c["pp"],
+        zero_stage=c["zero_stage"],
+        precision=precision,
+        max_norm=clip,
+        microbatch_size=t["micro_batch_size"] if c["pp"] > 1 else None,
+        initial_scale=1,
         enable_flash_attention=flash and c["tp"] > 1,
         parallel_output=False,  # whole-vocabulary logits on every tp rank: our loss reads them
         # ColossalAI 0.5.0 crashes (calls None) when asked for fused RMSNorm without apex
@@ -153,6 +168,7 @@ def resume_layout(c: dict) -> dict:
 
 
 # ---------------------------------------------------------------- checkpoints
+
 
 def optimizer_name(sharded: bool) -> str:
     """ddp's optimizer is whole on every rank: one file (ColossalAI's sharded optimizer loader calls a
@@ -223,6 +239,7 @@ class Saver:
 
 # ---------------------------------------------------------------- the steps
 
+
 class Layout:
     """Data-parallel rank and size (tp / pp ranks of one replica read the same rows)."""
 
@@ -270,8 +287,9 @@ def to_device(batch: dict, device: torch.device) -> dict:
 def load_model(init_dir: Path, attn: str, gradient_checkpointing: bool):
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(init_dir), torch_dtype=torch.float32, attn_implementation=attn,
-                                                 trust_remote_code=False)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(init_dir), torch_dtype=torch.float32, attn_implementation=attn, trust_remote_code=False
+    )
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
@@ -334,10 +352,23 @@ class Trainer:
             return
         t, c = self.t, self.c
         opt = getattr(self.optimizer, "optim", self.optimizer)
-        log.info("plugin %s (tp %d, pp %d, zero %d), world %d, dp %d, micro batch %d, grad accumulation %d, global "
-                 "batch %d, precision %s, attention %s, gradient checkpointing %s, optimizer %s", c["plugin"], c["tp"],
-                 c["pp"], c["zero_stage"], dist.get_world_size(), self.lay.dp_size, t["micro_batch_size"], self.accum,
-                 t["global_batch_size"], self.precision, self.attn, c["gradient_checkpointing"], type(opt).__name__)
+        log.info(
+            "plugin %s (tp %d, pp %d, zero %d), world %d, dp %d, micro batch %d, grad accumulation %d, global "
+            "batch %d, precision %s, attention %s, gradient checkpointing %s, optimizer %s",
+            c["plugin"],
+            c["tp"],
+            c["pp"],
+            c["zero_stage"],
+            dist.get_world_size(),
+            self.lay.dp_size,
+            t["micro_batch_size"],
+            self.accum,
+            t["global_batch_size"],
+            self.precision,
+            self.attn,
+            c["gradient_checkpointing"],
+            type(opt).__name__,
+        )
 
     def train_step(self, step: int) -> tuple[float, float, float | None]:
         t, lay = self.t, self.lay
@@ -416,7 +447,7 @@ class Trainer:
         count = torch.zeros((), dtype=torch.float64, device=self.device)
         rows, size = list(range(self.lay.dp_rank, len(self.val_ds), self.lay.dp_size)), self.cfg["eval"]["batch_size"]
         for start in range(0, len(rows), size):
-            part, n = self.forward(to_device(collate(self.val_ds[rows[start:start + size]]), self.device))
+            part, n = self.forward(to_device(collate(self.val_ds[rows[start : start + size]]), self.device))
             total += part
             count += n
         self.model.train(was)
@@ -426,25 +457,36 @@ class Trainer:
         return float(total / count), int(count)
 
     def save(self, step: int) -> None:
-        self.saver.checkpoint(self.ckpt_root, step, self.model, self.optimizer, self.scheduler,
-                              {"fingerprint": self.fp}, self.t["keep_checkpoints"])
+        self.saver.checkpoint(
+            self.ckpt_root, step, self.model, self.optimizer, self.scheduler, {"fingerprint": self.fp}, self.t["keep_checkpoints"]
+        )
 
     def finish(self, out_dir: Path, start: int, last_val: float | None) -> dict:
         """The final HF folder with train_summary.json; the summary."""
         if last_val is None:  # resumed at max_steps: still report validation
             last_val, _ = self.validate()
         c = self.c
-        summary = {"steps": self.t["max_steps"], "final_val_loss": last_val, "world_size": dist.get_world_size(),
-                   "precision": self.precision, "resumed_from_step": start, "plugin": c["plugin"], "tp": c["tp"],
-                   "pp": c["pp"], "zero_stage": c["zero_stage"], "attention": self.attn}
+        summary = {
+            "steps": self.t["max_steps"],
+            "final_val_loss": last_val,
+            "world_size": dist.get_world_size(),
+            "precision": self.precision,
+            "resumed_from_step": start,
+            "plugin": c["plugin"],
+            "tp": c["tp"],
+            "pp": c["pp"],
+            "zero_stage": c["zero_stage"],
+            "attention": self.attn,
+        }
         self.saver.final(out_dir, self.model, self.hf_config, self.tokenizer_dir, summary)
         if self.main:
             log.info("trained model -> %s (final val_loss %.4f)", out_dir, last_val)
         return summary
 
 
-def train(cfg: dict, init_dir, data_dir, ckpt_root, metrics_path, out_dir, tokenizer_dir=None,
-          stop_after: int | None = None) -> dict | None:
+def train(
+    cfg: dict, init_dir, data_dir, ckpt_root, metrics_path, out_dir, tokenizer_dir=None, stop_after: int | None = None
+) -> dict | None:
     trainer = Trainer(cfg, Path(init_dir), Path(data_dir), Path(ckpt_root), Path(tokenizer_dir) if tokenizer_dir else None)
     start = trainer.resume()
     metrics = MetricsWriter(Path(metrics_path), start, trainer.main)
@@ -465,8 +507,12 @@ def main(argv: list[str] | None = None) -> None:
     except (NonFiniteError, CheckpointError) as exc:
         raise SystemExit(f"llmpipe colossal-train: {exc}") from None
     except torch.cuda.OutOfMemoryError as exc:
-        fix = ("set colossal.plugin: gemini_auto (Gemini placing chunks in CPU memory too; it resumes this run's "
-               "checkpoints)" if cfg["colossal"]["plugin"] == "gemini" else
-               "turn on parallel.activation_checkpointing, lower train.micro_batch_size, or use colossal.plugin gemini_auto")
-        raise SystemExit(f"llmpipe colossal-train: out of GPU memory with colossal.plugin {cfg['colossal']['plugin']}: "
-                         f"{fix}. ({str(exc).splitlines()[0]})") from None
+        fix = (
+            "set colossal.plugin: gemini_auto (Gemini placing chunks in CPU memory too; it resumes this run's checkpoints)"
+            if cfg["colossal"]["plugin"] == "gemini"
+            else "turn on parallel.activation_checkpointing, lower train.micro_batch_size, or use colossal.plugin gemini_auto"
+        )
+        raise SystemExit(
+            f"llmpipe colossal-train: out of GPU memory with colossal.plugin {cfg['colossal']['plugin']}: "
+            f"{fix}. ({str(exc).splitlines()[0]})"
+        ) from None

@@ -16,8 +16,11 @@ from llmpipe.backends import Backend
 def require_levanter() -> None:
     """Stop with a clear message when this interpreter has no Levanter (levanter.python points elsewhere)."""
     if importlib.util.find_spec("levanter") is None:
-        raise SystemExit(f"levanter is not installed for {sys.executable}: set levanter.python to "
-                         ".venvs/levanter/bin/python (built by scripts/setup-env-levanter.sh), or run with --use-conda")
+        raise SystemExit(
+            f"levanter is not installed for {sys.executable}: set levanter.python to "
+            ".venvs/levanter/bin/python (built by scripts/setup-env-levanter.sh), or run with --use-conda"
+        )
+
 
 def _checks(cfg: dict) -> list[str]:
     from llmpipe.parallelism import refuse

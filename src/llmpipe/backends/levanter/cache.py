@@ -35,8 +35,9 @@ def write_split(store: TokenStore, split: str, folder: Path) -> dict:
         for i in range(0, len(starts) - 1, DOCS_PER_BATCH):
             j = min(i + DOCS_PER_BATCH, len(starts) - 1)
             tokens = stream.read(int(starts[i]), int(starts[j])).astype(np.int32)
-            writer.write_batch([{"input_ids": tokens[a - starts[i]:b - starts[i]]}
-                                for a, b in zip(starts[i:j], starts[i + 1:j + 1])])
+            writer.write_batch(
+                [{"input_ids": tokens[a - starts[i] : b - starts[i]]} for a, b in zip(starts[i:j], starts[i + 1 : j + 1])]
+            )
     return {"documents": len(starts) - 1, "tokens": stream.size}
 
 

@@ -60,7 +60,8 @@ def mixed_precision(cfg: dict) -> str:
     if precision == "auto":
         platforms = (cfg["levanter"]["jax_platforms"] or os.environ.get("JAX_PLATFORMS", "")).lower()
         accel = any(p in platforms for p in ("tpu", "cuda", "gpu")) or (
-            not platforms and importlib.util.find_spec("libtpu") is not None)
+            not platforms and importlib.util.find_spec("libtpu") is not None
+        )
         precision = "bf16" if accel else "fp32"
     return "p=f32,c=bfloat16" if precision == "bf16" else "f32"
 
@@ -100,8 +101,9 @@ def levanter_config(cfg: dict, cache: str | Path, reference: str | Path, output:
     init = tokenizer
     output = str(output) if "://" in str(output) else str(Path(output).resolve())
     if t["global_batch_size"] % t["micro_batch_size"]:
-        raise ValueError(f"train.global_batch_size {t['global_batch_size']} must divide by train.micro_batch_size "
-                         f"{t['micro_batch_size']}")
+        raise ValueError(
+            f"train.global_batch_size {t['global_batch_size']} must divide by train.micro_batch_size {t['micro_batch_size']}"
+        )
     run_id = lev["run_id"] or cfg["run"]
     out = {
         "data": {
@@ -171,8 +173,9 @@ def levanter_config(cfg: dict, cache: str | Path, reference: str | Path, output:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="llmpipe levanter-config", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="llmpipe levanter-config", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--config", required=True, help="llmpipe config (YAML/JSON file or JSON text)")
     p.add_argument("--cache", required=True, help="levanter cache folder (llmpipe levanter-cache)")
     p.add_argument("--tokenizer", required=True, help="local HF tokenizer folder")
@@ -185,6 +188,8 @@ def main(argv: list[str] | None = None) -> None:
     lev = levanter_config(cfg, args.cache, out / "reference", args.output)
     with atomic_path(out) as tmp:
         reference_folder(args.init, args.tokenizer, tmp / "reference")
-        (tmp / "config.yaml").write_text(f"# written by llmpipe levanter-config from the llmpipe config; run: {cfg['run']}\n"
-                                         + yaml.safe_dump(lev, sort_keys=False))
+        (tmp / "config.yaml").write_text(
+            f"# written by llmpipe levanter-config from the llmpipe config; run: {cfg['run']}\n"
+            + yaml.safe_dump(lev, sort_keys=False)
+        )
     log.info("levanter config %s: %s", out / "config.yaml", json.dumps(lev["trainer"]))

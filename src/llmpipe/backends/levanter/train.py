@@ -35,8 +35,14 @@ log = logging.getLogger(__name__)
 
 JSON_LINE = re.compile(r'levanter\.json_logger (\{"tracker": "json_logger".*\})\s*$')
 RESUMED = re.compile(r"Loading checkpoint from (\S+)")
-KEYS = {"train/loss": "loss", "optim/learning_rate": "lr", "throughput/total_tokens": "tokens",
-        "throughput/tokens_per_second": "tokens_per_s", "eval/loss": "val_loss", "grad/norm/total": "grad_norm"}
+KEYS = {
+    "train/loss": "loss",
+    "optim/learning_rate": "lr",
+    "throughput/total_tokens": "tokens",
+    "throughput/tokens_per_second": "tokens_per_s",
+    "eval/loss": "val_loss",
+    "grad/norm/total": "grad_norm",
+}
 OFFLINE = {"WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 
@@ -107,8 +113,17 @@ def _flat(d: dict, prefix: str = "") -> dict:
 def check_resume(lev: dict) -> None:
     """Refuse to resume checkpoints trained with other settings (hyperparameters, model, data order);
     paths and logging may change. Records this run's settings beside its checkpoints."""
-    skip = {"trainer.log_dir", "trainer.checkpointer.base_path", "model.tokenizer", "model.reference_checkpoint",
-            "initialize_from_hf", "hf_save_path", "data.tokenizer", "data.cache_dir", "data.components.llmpipe.cache_dir"}
+    skip = {
+        "trainer.log_dir",
+        "trainer.checkpointer.base_path",
+        "model.tokenizer",
+        "model.reference_checkpoint",
+        "initialize_from_hf",
+        "hf_save_path",
+        "data.tokenizer",
+        "data.cache_dir",
+        "data.components.llmpipe.cache_dir",
+    }
     want = {k: v for k, v in _flat(lev).items() if k not in skip and not k.startswith("trainer.tracker")}
     root = f"{lev['trainer']['checkpointer']['base_path']}/{lev['trainer']['id']}"
     fs, path = fsspec.core.url_to_fs(root)
@@ -118,8 +133,10 @@ def check_resume(lev: dict) -> None:
         diff = sorted(k for k in want.keys() | have.keys() if want.get(k) != have.get(k))
         if diff:
             changes = ", ".join(f"{k}: {have.get(k)!r} -> {want.get(k)!r}" for k in diff)
-            raise ValueError(f"checkpoints in {root} were trained with other settings ({changes}): "
-                             "set a new levanter.run_id, or delete that folder to start again")
+            raise ValueError(
+                f"checkpoints in {root} were trained with other settings ({changes}): "
+                "set a new levanter.run_id, or delete that folder to start again"
+            )
     fs.makedirs(path, exist_ok=True)
     with fs.open(record, "w") as fh:
         fh.write(json.dumps(want, indent=1, sort_keys=True))
@@ -129,8 +146,9 @@ def records_for(lev: dict, metrics: str | Path | None) -> LoggerRecords:
     # epoch = sequences trained / the train split's sequences (Levanter cuts the token stream into seq_len rows)
     cache_info = Path(lev["data"]["cache_dir"]) / "cache.json"
     train_tokens = json.loads(cache_info.read_text())["splits"]["train"]["tokens"] if cache_info.exists() else 0
-    return LoggerRecords(Path(metrics) if metrics else None, lev["trainer"]["train_batch_size"],
-                         train_tokens // lev["train_seq_len"])
+    return LoggerRecords(
+        Path(metrics) if metrics else None, lev["trainer"]["train_batch_size"], train_tokens // lev["train_seq_len"]
+    )
 
 
 def finished_checkpoint(lev: dict) -> str | None:
@@ -177,15 +195,23 @@ def publish(lev: dict, out: str | Path, rec: LoggerRecords, resumed_from: str | 
     run_id, steps = lev["trainer"]["id"], lev["trainer"]["num_train_steps"]
     found = latest_export(f"{lev['hf_save_path']}/{run_id}")
     if found is None or found[1] + 1 != steps:
-        raise RuntimeError(f"no HF export of the last step ({steps - 1} in Levanter's numbering) under "
-                           f"{lev['hf_save_path']}/{run_id}; found {found}")
+        raise RuntimeError(
+            f"no HF export of the last step ({steps - 1} in Levanter's numbering) under "
+            f"{lev['hf_save_path']}/{run_id}; found {found}"
+        )
     src, last = found
     done = [r for _, r in sorted(rec.records.items())]
     evals = [r for r in done if "val_loss" in r]
-    summary = {"backend": "levanter", "run_id": run_id, "steps": last + 1, "levanter_export": src,
-               "resumed_from": resumed_from, "final_loss": next((r["loss"] for r in reversed(done) if "loss" in r), None),
-               "last_val_loss": evals[-1]["val_loss"] if evals else None,
-               "last_val_step": evals[-1]["step"] if evals else None}
+    summary = {
+        "backend": "levanter",
+        "run_id": run_id,
+        "steps": last + 1,
+        "levanter_export": src,
+        "resumed_from": resumed_from,
+        "final_loss": next((r["loss"] for r in reversed(done) if "loss" in r), None),
+        "last_val_loss": evals[-1]["val_loss"] if evals else None,
+        "last_val_step": evals[-1]["step"] if evals else None,
+    }
     fs, path = fsspec.core.url_to_fs(src)
     with atomic_path(out) as tmp:
         tmp.mkdir()
@@ -209,8 +235,9 @@ def run(config_path: str | Path, out: str | Path, metrics: str | Path | None, ja
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="llmpipe levanter-train", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="llmpipe levanter-train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--levanter-config", required=True, help="config.yaml written by llmpipe levanter-config")
     p.add_argument("--out", required=True, help="HF-format folder to write (checkpoints/levanter/final)")
     p.add_argument("--metrics", help="metrics.jsonl to write")

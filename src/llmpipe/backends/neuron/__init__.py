@@ -28,8 +28,10 @@ def _parallel_defaults(cfg: dict) -> dict:
 BACKEND = Backend(
     name="neuron",
     doc="AWS Trainium with neuronx-distributed's Llama trainers (tp/pp, tp + ZeRO-1) on Slurm",
-    commands={f"neuron-{step}": f"llmpipe.backends.neuron.{module}" for step, module in
-              (("shard", "shard"), ("merge", "merge"), ("precompile", "precompile"), ("train", "commands"))},
+    commands={
+        f"neuron-{step}": f"llmpipe.backends.neuron.{module}"
+        for step, module in (("shard", "shard"), ("merge", "merge"), ("precompile", "precompile"), ("train", "commands"))
+    },
     env="envs/torch.yaml",
     setup="scripts/setup-env-neuron.sh",
     section_schema=Path(__file__).with_name("schema.yaml"),

@@ -52,8 +52,10 @@ from llmpipe.io import write_json
 
 log = logging.getLogger(__name__)
 
-SCRIPTS = {"tp_pp": "examples/training/llama/tp_pp_llama_hf_pretrain/run_llama_nxd.py",
-           "tp_zero1": "examples/training/llama/tp_zero1_llama_hf_pretrain/tp_zero1_llama_hf_pretrain.py"}
+SCRIPTS = {
+    "tp_pp": "examples/training/llama/tp_pp_llama_hf_pretrain/run_llama_nxd.py",
+    "tp_zero1": "examples/training/llama/tp_zero1_llama_hf_pretrain/tp_zero1_llama_hf_pretrain.py",
+}
 COMPILE_WRAPPER = "neuron_parallel_compile"
 
 
@@ -89,50 +91,69 @@ def batch_plan(cfg: dict) -> dict:
     world = p["nproc_per_node"] * p["nnodes"]
     errs = []
     if world % (p["tp"] * p["pp"]):
-        raise NeuronConfigError(f"parallel.tp {p['tp']} x parallel.pp {p['pp']} must divide the {world} NeuronCores "
-                                f"(parallel.nproc_per_node {p['nproc_per_node']} x parallel.nnodes {p['nnodes']})")
+        raise NeuronConfigError(
+            f"parallel.tp {p['tp']} x parallel.pp {p['pp']} must divide the {world} NeuronCores "
+            f"(parallel.nproc_per_node {p['nproc_per_node']} x parallel.nnodes {p['nnodes']})"
+        )
     dp = world // (p["tp"] * p["pp"])
     gbs, micro = t["global_batch_size"], t["micro_batch_size"]
     if gbs % dp:
-        raise NeuronConfigError(f"train.global_batch_size {gbs} must be a multiple of data parallelism {dp} "
-                                f"(= {world} cores / tp {p['tp']} / pp {p['pp']})")
+        raise NeuronConfigError(
+            f"train.global_batch_size {gbs} must be a multiple of data parallelism {dp} "
+            f"(= {world} cores / tp {p['tp']} / pp {p['pp']})"
+        )
     per_dp = gbs // dp
     if per_dp % micro:
         errs.append(f"train.micro_batch_size {micro} must divide the per-replica batch {per_dp} (global {gbs} / DP {dp})")
     if kind == "tp_pp" and p["pp"] == 1:
-        errs.append("neuron.script tp_pp (run_llama_nxd.py) cannot train at parallel.pp 1: it builds the model with "
-                    "return_dict=False and NxD's run_train then calls backward() on a tuple; use neuron.script "
-                    "tp_zero1 (NxD's tp + ZeRO-1 recipe; auto picks it at pp 1) or parallel.pp >= 2")
+        errs.append(
+            "neuron.script tp_pp (run_llama_nxd.py) cannot train at parallel.pp 1: it builds the model with "
+            "return_dict=False and NxD's run_train then calls backward() on a tuple; use neuron.script "
+            "tp_zero1 (NxD's tp + ZeRO-1 recipe; auto picks it at pp 1) or parallel.pp >= 2"
+        )
     if p["zero"] not in (0, 1):
         errs.append(f"{name} has ZeRO-1 or none: parallel.zero {p['zero']} cannot be honoured (set 0 or 1)")
     full = {"tp_pp": True, "tp_zero1": False}[kind]  # tp_pp: selective or none; tp_zero1: selective or every layer
     if p["activation_checkpointing"] == full:
-        errs.append(f"{name} checkpoints {'selectively or not at all' if full else 'selectively or every layer'}: "
-                    f"parallel.activation_checkpointing {p['activation_checkpointing']} cannot be honoured "
-                    f"(set selective or {not full})")
+        errs.append(
+            f"{name} checkpoints {'selectively or not at all' if full else 'selectively or every layer'}: "
+            f"parallel.activation_checkpointing {p['activation_checkpointing']} cannot be honoured "
+            f"(set selective or {not full})"
+        )
     if kind == "tp_zero1":
         if p["pp"] != 1 or n["vpp"] != 1:
             errs.append(f"neuron.script tp_zero1 has no pipeline: parallel.pp ({p['pp']}) and neuron.vpp ({n['vpp']}) must be 1")
         if t["min_lr"] != 0:
-            errs.append(f"{name} decays the learning rate linearly to 0 at max_steps: train.min_lr {t['min_lr']} "
-                        "cannot be honoured (set 0)")
+            errs.append(
+                f"{name} decays the learning rate linearly to 0 at max_steps: train.min_lr {t['min_lr']} "
+                "cannot be honoured (set 0)"
+            )
         if not n["save_xser"]:
             errs.append(f"{name} always saves xser checkpoints: neuron.save_xser false cannot be honoured")
     elif t["weight_decay"] != 0.01:
-        errs.append(f"{name} sets weight decay 0.01 per parameter group (training_utils, hard-coded): "
-                    f"train.weight_decay {t['weight_decay']} cannot be honoured (set 0.01, or use neuron.script tp_zero1)")
+        errs.append(
+            f"{name} sets weight decay 0.01 per parameter group (training_utils, hard-coded): "
+            f"train.weight_decay {t['weight_decay']} cannot be honoured (set 0.01, or use neuron.script tp_zero1)"
+        )
     if t["grad_clip"] != 1.0:
         errs.append(f"{name} clips gradients at 1.0 (hard-coded): train.grad_clip {t['grad_clip']} cannot be honoured")
     if t["eps"] != adam_eps(cfg):
         errs.append(f"{name} uses its AdamW's eps {adam_eps(cfg):g} (hard-coded): train.eps {t['eps']:g} cannot be honoured")
     if t["max_steps"] % t["save_interval"]:
-        errs.append(f"{name} saves every --checkpoint_freq steps and not at the end: train.max_steps "
-                    f"{t['max_steps']} must be a multiple of train.save_interval {t['save_interval']}")
+        errs.append(
+            f"{name} saves every --checkpoint_freq steps and not at the end: train.max_steps "
+            f"{t['max_steps']} must be a multiple of train.save_interval {t['save_interval']}"
+        )
     if errs:
         raise NeuronConfigError("neuron backend: " + "; ".join(errs))
-    return {"script": kind, "world": world, "dp": dp, "train_batch_size": per_dp,
-            "num_microbatches": per_dp // micro if kind == "tp_pp" else 1,
-            "grad_accum_usteps": per_dp // micro if kind == "tp_zero1" else 1}
+    return {
+        "script": kind,
+        "world": world,
+        "dp": dp,
+        "train_batch_size": per_dp,
+        "num_microbatches": per_dp // micro if kind == "tp_pp" else 1,
+        "grad_accum_usteps": per_dp // micro if kind == "tp_zero1" else 1,
+    }
 
 
 def model_dims(cfg: dict) -> Dims | None:
@@ -143,9 +164,15 @@ def model_dims(cfg: dict) -> Dims | None:
     if found is not None:
         return Dims.from_hf_config(json.loads(found.read_text()))
     m = cfg["model"]
-    return Dims(layers=m["num_hidden_layers"], hidden=m["hidden_size"], heads=m["num_attention_heads"],
-                kv_heads=m["num_key_value_heads"], intermediate=m["intermediate_size"],
-                vocab=cfg["parallel"]["tp"], tied=m["tie_word_embeddings"])
+    return Dims(
+        layers=m["num_hidden_layers"],
+        hidden=m["hidden_size"],
+        heads=m["num_attention_heads"],
+        kv_heads=m["num_key_value_heads"],
+        intermediate=m["intermediate_size"],
+        vocab=cfg["parallel"]["tp"],
+        tied=m["tie_word_embeddings"],
+    )
 
 
 def check_config(cfg: dict) -> None:
@@ -186,37 +213,40 @@ def environment(cfg: dict) -> dict[str, str]:
         flags.append(f"--cache_dir={cache}")
     script_dir = script_path(cfg)
     zero1 = script_kind(cfg) == "tp_zero1"  # its recipe: 3 in-flight requests, 64 arenas, its own precision
-    env.update({
-        "NEURON_CC_FLAGS": " ".join(flags),
-        "NEURON_FUSE_SOFTMAX": "1",
-        "NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS": "3" if zero1 else "7",
-        "MALLOC_ARENA_MAX": "64" if zero1 else "128",
-        **({} if zero1 else {"XLA_DOWNCAST_BF16": "1"}),
-        "XLA_DISABLE_FUNCTIONALIZATION": "0",
-        "FI_EFA_USE_DEVICE_RDMA": "1",
-        "FI_PROVIDER": "efa",
-        "FI_EFA_FORK_SAFE": "1",
-        # run_llama_nxd.py imports logger (its folder) and modeling_llama_nxd, training_utils (the parent)
-        "PYTHONPATH": f"{script_dir.parent}:{script_dir.parent.parent}",
-    })
+    env.update(
+        {
+            "NEURON_CC_FLAGS": " ".join(flags),
+            "NEURON_FUSE_SOFTMAX": "1",
+            "NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS": "3" if zero1 else "7",
+            "MALLOC_ARENA_MAX": "64" if zero1 else "128",
+            **({} if zero1 else {"XLA_DOWNCAST_BF16": "1"}),
+            "XLA_DISABLE_FUNCTIONALIZATION": "0",
+            "FI_EFA_USE_DEVICE_RDMA": "1",
+            "FI_PROVIDER": "efa",
+            "FI_EFA_FORK_SAFE": "1",
+            # run_llama_nxd.py imports logger (its folder) and modeling_llama_nxd, training_utils (the parent)
+            "PYTHONPATH": f"{script_dir.parent}:{script_dir.parent.parent}",
+        }
+    )
     env.update(n["env"])
     return env
 
 
-def trainer_args(cfg: dict, init: str, data: str, checkpoint_dir: str, metrics: str, tb_dir: str,
-                 phase: str = "train") -> list[str]:
+def trainer_args(
+    cfg: dict, init: str, data: str, checkpoint_dir: str, metrics: str, tb_dir: str, phase: str = "train"
+) -> list[str]:
     """The trainer script and its flags (real names only: the tutorials' --pretrained_weight_dir,
     --num_kept_checkpoints, --convert_from_full_model are silently ignored by run_llama_nxd.py)."""
     flags = (zero1_flags if script_kind(cfg) == "tp_zero1" else tp_pp_flags)(
-        cfg, init, data, checkpoint_dir, metrics, tb_dir, phase == "precompile")
+        cfg, init, data, checkpoint_dir, metrics, tb_dir, phase == "precompile"
+    )
     out = [str(script_path(cfg))]
     for k, v in flags.items():
         out += [k] if v is True else [k, str(v)]  # True: a store_true switch
     return out
 
 
-def tp_pp_flags(cfg: dict, init: str, data: str, checkpoint_dir: str, metrics: str, tb_dir: str,
-                extract: bool) -> dict:
+def tp_pp_flags(cfg: dict, init: str, data: str, checkpoint_dir: str, metrics: str, tb_dir: str, extract: bool) -> dict:
     t, n, p = cfg["train"], cfg["neuron"], cfg["parallel"]
     layout = layout_of(cfg)
     b = batch_plan(cfg)
@@ -259,17 +289,21 @@ def tp_pp_flags(cfg: dict, init: str, data: str, checkpoint_dir: str, metrics: s
     }
 
 
-def zero1_flags(cfg: dict, init: str, data: str, checkpoint_dir: str, metrics: str, tb_dir: str,
-                extract: bool) -> dict:
+def zero1_flags(cfg: dict, init: str, data: str, checkpoint_dir: str, metrics: str, tb_dir: str, extract: bool) -> dict:
     """tp_zero1_llama_hf_pretrain.py: switches are store_true (present = on), the rest valued."""
     t, n, p = cfg["train"], cfg["neuron"], cfg["parallel"]
     layout = layout_of(cfg)
     b = batch_plan(cfg)
-    switches = {"--use_mix_precision": n["fp32_optimizer"], "--use_zero_1": p["zero"] == 1,
-                "--sequence_parallel_enabled": n["sequence_parallel"],
-                "--selective_checkpoint_enabled": p["activation_checkpointing"] == "selective",  # off = every layer
-                "--use_meta_device_init": n["meta_device_init"], "--qkv_linear": layout.qkv_linear,
-                "--pretrained_weight": True, "--print_grad_norm": True}
+    switches = {
+        "--use_mix_precision": n["fp32_optimizer"],
+        "--use_zero_1": p["zero"] == 1,
+        "--sequence_parallel_enabled": n["sequence_parallel"],
+        "--selective_checkpoint_enabled": p["activation_checkpointing"] == "selective",  # off = every layer
+        "--use_meta_device_init": n["meta_device_init"],
+        "--qkv_linear": layout.qkv_linear,
+        "--pretrained_weight": True,
+        "--print_grad_norm": True,
+    }
     return {
         "--model_path": init,
         "--data_dir": f"{data}/train",
@@ -303,8 +337,16 @@ def command(cfg: dict, args: list[str], alloc: launch.Allocation | None, phase: 
     """The launch (llmpipe.launch.plan) of `args`; precompile wraps each node's command."""
     t, n, p = cfg["train"], cfg["neuron"], cfg["parallel"]
     python = python or n["python"]
-    cmd = launch.plan(args, p["nproc_per_node"], p["nnodes"], t["launcher"], alloc, n["master_port"], python,
-                      auto_resume=t["slurm_auto_resume"] and phase == "train")
+    cmd = launch.plan(
+        args,
+        p["nproc_per_node"],
+        p["nnodes"],
+        t["launcher"],
+        alloc,
+        n["master_port"],
+        python,
+        auto_resume=t["slurm_auto_resume"] and phase == "train",
+    )
     if phase == "precompile":
         at = cmd.index(python)  # srun [options] PYTHON -m llmpipe launch --node-task ...  |  PYTHON -m torch.distributed.run ...
         cmd = cmd[:at] + [COMPILE_WRAPPER] + cmd[at:]
@@ -321,9 +363,11 @@ def check_inputs(cfg: dict, init: str, data: str, checkpoint_dir: str) -> None:
     n, t = cfg["neuron"], cfg["train"]
     script = script_path(cfg)
     if not script.is_file():
-        raise NeuronConfigError(f"{script} not found: check out a neuronx-distributed release into neuron.nxd_dir "
-                                f"(git clone --branch <release tag> https://github.com/aws-neuron/neuronx-distributed "
-                                f"{n['nxd_dir']})")
+        raise NeuronConfigError(
+            f"{script} not found: check out a neuronx-distributed release into neuron.nxd_dir "
+            f"(git clone --branch <release tag> https://github.com/aws-neuron/neuronx-distributed "
+            f"{n['nxd_dir']})"
+        )
     view = json.loads((Path(data) / "view.json").read_text())
     if view["seq_len"] != t["seq_len"]:
         raise NeuronConfigError(f"{data} has rows of {view['seq_len']} tokens but train.seq_len is {t['seq_len']}")
@@ -334,8 +378,9 @@ def check_inputs(cfg: dict, init: str, data: str, checkpoint_dir: str) -> None:
 
 
 def main(argv: list[str] | None = None, phase: str = "train") -> None:
-    p = argparse.ArgumentParser(prog=f"llmpipe neuron-{phase}", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog=f"llmpipe neuron-{phase}", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--config", required=True)
     p.add_argument("--init", required=True, help="HF model folder whose config.json the trainer reads")
     p.add_argument("--data", required=True, help="the hf view (datasets.save_to_disk; its train/ split is read)")
@@ -366,14 +411,23 @@ def main(argv: list[str] | None = None, phase: str = "train") -> None:
     rc = subprocess.call(cmd, env=run_env)
     if rc:
         raise SystemExit(f"llmpipe neuron-{phase}: the {phase} command exited with {rc}")
-    record = {"phase": phase, "command": cmd, "env": env, "compile_cache": compile_cache(cfg),
-              "cc_flags": env["NEURON_CC_FLAGS"], "nodes": cfg["parallel"]["nnodes"], **batch_plan(cfg)}
+    record = {
+        "phase": phase,
+        "command": cmd,
+        "env": env,
+        "compile_cache": compile_cache(cfg),
+        "cc_flags": env["NEURON_CC_FLAGS"],
+        "nodes": cfg["parallel"]["nnodes"],
+        **batch_plan(cfg),
+    }
     if phase == "train":
         from llmpipe.backends.neuron.merge import complete_steps
 
         steps = complete_steps(Path(args.checkpoint_dir))
         if not steps or steps[-1] < cfg["train"]["max_steps"]:
-            raise SystemExit(f"llmpipe neuron-train: the trainer exited 0 but {args.checkpoint_dir} has no complete "
-                             f"step_{cfg['train']['max_steps']} (complete: {steps})")
+            raise SystemExit(
+                f"llmpipe neuron-train: the trainer exited 0 but {args.checkpoint_dir} has no complete "
+                f"step_{cfg['train']['max_steps']} (complete: {steps})"
+            )
         record["last_step"] = steps[-1]
     write_json(args.out, record)

@@ -17,9 +17,18 @@ from pathlib import Path
 
 import torch
 
-DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-          "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-          "BOOL": torch.bool}
+DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
 BLOCK = 16 << 20  # bytes per read for column slices
 
 
@@ -116,5 +125,5 @@ class HFCheckpoint:
         block = torch.empty((min(step, rows), width), dtype=dtype)
         for r in range(0, rows, step):
             n = min(rows, r + step) - r
-            out[r:r + n] = src.read(name, r, r + n, block[:n])[:, start:stop]
+            out[r : r + n] = src.read(name, r, r + n, block[:n])[:, start:stop]
         return out

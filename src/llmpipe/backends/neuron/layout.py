@@ -44,34 +44,44 @@ class Dims:
         return self.hidden // self.heads
 
     @classmethod
-    def from_hf_config(cls, cfg: dict) -> "Dims":
+    def from_hf_config(cls, cfg: dict) -> Dims:
         if cfg.get("model_type", "llama") != "llama":
-            raise LayoutError(f"the neuron backend shards Llama checkpoints; config.json has model_type {cfg.get('model_type')!r}")
+            raise LayoutError(
+                f"the neuron backend shards Llama checkpoints; config.json has model_type {cfg.get('model_type')!r}"
+            )
         heads = cfg["num_attention_heads"]
         hidden = cfg["hidden_size"]
         if hidden % heads or cfg.get("head_dim", hidden // heads) != hidden // heads:
-            raise LayoutError(f"NxD's Llama needs head_dim = hidden_size / num_attention_heads "
-                              f"(hidden_size {hidden}, heads {heads}, head_dim {cfg.get('head_dim')})")
+            raise LayoutError(
+                f"NxD's Llama needs head_dim = hidden_size / num_attention_heads "
+                f"(hidden_size {hidden}, heads {heads}, head_dim {cfg.get('head_dim')})"
+            )
         if cfg.get("attention_bias") or cfg.get("mlp_bias"):
             raise LayoutError("NxD's Llama has no attention or MLP biases (attention_bias / mlp_bias are set)")
-        return cls(layers=cfg["num_hidden_layers"], hidden=hidden, heads=heads,
-                   kv_heads=cfg.get("num_key_value_heads") or heads, intermediate=cfg["intermediate_size"],
-                   vocab=cfg["vocab_size"], tied=bool(cfg.get("tie_word_embeddings", False)))
+        return cls(
+            layers=cfg["num_hidden_layers"],
+            hidden=hidden,
+            heads=heads,
+            kv_heads=cfg.get("num_key_value_heads") or heads,
+            intermediate=cfg["intermediate_size"],
+            vocab=cfg["vocab_size"],
+            tied=bool(cfg.get("tie_word_embeddings", False)),
+        )
 
 
 @dataclass(frozen=True)
 class Layout:
     tp: int = 1
     pp: int = 1
-    vpp: int = 1                       # virtual pipeline stages per pp rank
-    kv_size_multiplier: int = 1        # --kv_replicator
+    vpp: int = 1  # virtual pipeline stages per pp rank
+    kv_size_multiplier: int = 1  # --kv_replicator
     qkv_linear: bool = False
-    fuse_qkv: bool = True              # both NxD Llama trainers default to 1
-    coalesce_qkv: bool | None = None   # None: what the trainer builds (fuse_qkv and MHA and not qkv_linear)
-    hw_backend: str = "trn1"           # trn1 | trn2: the KV replication order (module docstring)
+    fuse_qkv: bool = True  # both NxD Llama trainers default to 1
+    coalesce_qkv: bool | None = None  # None: what the trainer builds (fuse_qkv and MHA and not qkv_linear)
+    hw_backend: str = "trn1"  # trn1 | trn2: the KV replication order (module docstring)
 
     @classmethod
-    def from_config(cls, spec: dict) -> "Layout":
+    def from_config(cls, spec: dict) -> Layout:
         """A flat layout, or a config: its neuron section with parallel.tp / pp."""
         if "neuron" in spec:
             spec = {**spec["neuron"], **{k: v for k, v in spec.get("parallel", {}).items() if k in ("tp", "pp")}}
@@ -88,7 +98,7 @@ class Layout:
             return "qkv_linear_fused" if self.fuse_qkv else "qkv_linear"
         return "coalesced" if self.coalesce_qkv else "separate"
 
-    def check(self, d: Dims) -> "Layout":
+    def check(self, d: Dims) -> Layout:
         """All problems at once (LayoutError), else the layout with coalesce_qkv resolved."""
         errs = [] if self.hw_backend in ("trn1", "trn2") else [f"hw_backend {self.hw_backend!r}: trn1 or trn2"]
         for name in ("tp", "pp", "vpp", "kv_size_multiplier"):
@@ -110,11 +120,15 @@ class Layout:
             if tp == 1:
                 errs.append("qkv_linear needs tp > 1 (NxD's GQA QKV layer fails at tp 1): set qkv_linear false")
             elif tp % d.kv_heads:
-                errs.append(f"qkv_linear needs tp ({tp}) to be a multiple of num_key_value_heads ({d.kv_heads}); "
-                            f"with tp < kv heads train with qkv_linear false")
+                errs.append(
+                    f"qkv_linear needs tp ({tp}) to be a multiple of num_key_value_heads ({d.kv_heads}); "
+                    f"with tp < kv heads train with qkv_linear false"
+                )
             elif kvm != tp // d.kv_heads:
-                errs.append(f"kv_size_multiplier {kvm} must equal tp / num_key_value_heads = {tp // d.kv_heads} "
-                            f"with qkv_linear (one KV head per rank; the trainer gets the same value as --kv_replicator)")
+                errs.append(
+                    f"kv_size_multiplier {kvm} must equal tp / num_key_value_heads = {tp // d.kv_heads} "
+                    f"with qkv_linear (one KV head per rank; the trainer gets the same value as --kv_replicator)"
+                )
             if coalesce:
                 errs.append("coalesce_qkv applies without qkv_linear only (qkv_linear has its own fused layout: fuse_qkv)")
             coalesce = False
@@ -122,17 +136,21 @@ class Layout:
             if kvm != 1:
                 errs.append(f"kv_size_multiplier {kvm} needs qkv_linear (KV replication exists only in NxD's GQA QKV layer)")
             if d.kv_heads % tp:
-                errs.append(f"tp {tp} must divide num_key_value_heads {d.kv_heads} without qkv_linear "
-                            f"(or use qkv_linear with kv_size_multiplier = tp / kv heads)")
+                errs.append(
+                    f"tp {tp} must divide num_key_value_heads {d.kv_heads} without qkv_linear "
+                    f"(or use qkv_linear with kv_size_multiplier = tp / kv heads)"
+                )
             builds = self.fuse_qkv and mha  # modeling_llama_nxd.py: fused qkv_proj only for MHA with fuse_qkv
             if coalesce is None:
                 coalesce = builds
             elif coalesce and not mha:
                 errs.append(f"coalesce_qkv needs MHA (num_key_value_heads {d.kv_heads} != num_attention_heads {d.heads})")
             elif coalesce != builds:
-                errs.append(f"coalesce_qkv {coalesce} does not match the module NxD's Llama builds with fuse_qkv "
-                            f"{self.fuse_qkv} and {'MHA' if mha else 'GQA'} ({'fused qkv_proj' if builds else 'q/k/v_proj'}): "
-                            f"leave coalesce_qkv null")
+                errs.append(
+                    f"coalesce_qkv {coalesce} does not match the module NxD's Llama builds with fuse_qkv "
+                    f"{self.fuse_qkv} and {'MHA' if mha else 'GQA'} ({'fused qkv_proj' if builds else 'q/k/v_proj'}): "
+                    f"leave coalesce_qkv null"
+                )
         if errs:
             raise LayoutError("invalid neuron layout: " + "; ".join(errs))
         return Layout(tp, self.pp, self.vpp, kvm, self.qkv_linear, self.fuse_qkv, bool(coalesce), self.hw_backend)

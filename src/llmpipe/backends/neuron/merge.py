@@ -22,13 +22,12 @@ import logging
 import math
 import re
 import struct
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import torch
 
-from llmpipe.backends.neuron.layout import (Dims, Layout, find_rank_file, kv_head, kv_rows, layer_pp_rank,
-                                            q_group, rank_candidates)
+from llmpipe.backends.neuron.layout import Dims, Layout, find_rank_file, kv_head, kv_rows, layer_pp_rank, q_group, rank_candidates
 from llmpipe.backends.neuron.shard import LAYOUT_FILE
 from llmpipe.backends.neuron.xser import RankFile
 from llmpipe.io import atomic_path, write_json
@@ -44,8 +43,11 @@ def complete_steps(ckpt_dir: Path) -> list[int]:
     """Training steps under an NxD checkpoint dir that have their `done` marker, ascending."""
     if not ckpt_dir.is_dir():
         return []
-    return sorted(int(m.group(1)) for p in ckpt_dir.iterdir()
-                  if (m := STEP_RE.match(p.name)) and (p / "done").is_file() and (p / "model").is_dir())
+    return sorted(
+        int(m.group(1))
+        for p in ckpt_dir.iterdir()
+        if (m := STEP_RE.match(p.name)) and (p / "done").is_file() and (p / "model").is_dir()
+    )
 
 
 def model_dir(ckpt_dir: Path, step: str) -> tuple[Path, str]:
@@ -55,8 +57,9 @@ def model_dir(ckpt_dir: Path, step: str) -> tuple[Path, str]:
     steps = complete_steps(ckpt_dir)
     if step == "latest":
         if not steps:
-            raise FileNotFoundError(f"{ckpt_dir}: no complete step_<N> (with a `done` marker); "
-                                    f"--step pretrained converts the initial shards")
+            raise FileNotFoundError(
+                f"{ckpt_dir}: no complete step_<N> (with a `done` marker); --step pretrained converts the initial shards"
+            )
         return ckpt_dir / f"step_{steps[-1]}" / "model", f"step_{steps[-1]}"
     if not step.isdigit() or int(step) not in steps:
         raise FileNotFoundError(f"{ckpt_dir}: step {step!r} is not a complete checkpoint; complete: {steps}")
@@ -65,9 +68,12 @@ def model_dir(ckpt_dir: Path, step: str) -> tuple[Path, str]:
 
 def attention_names(p: str, style: str) -> list[str]:
     a = f"{p}.self_attn"
-    qkv = {"qkv_linear_fused": ["qkv_proj.weight_qkv"], "coalesced": ["qkv_proj.weight"],
-           "qkv_linear": ["qkv_proj.weight_q", "qkv_proj.weight_k", "qkv_proj.weight_v"],
-           "separate": ["q_proj.weight", "k_proj.weight", "v_proj.weight"]}[style]
+    qkv = {
+        "qkv_linear_fused": ["qkv_proj.weight_qkv"],
+        "coalesced": ["qkv_proj.weight"],
+        "qkv_linear": ["qkv_proj.weight_q", "qkv_proj.weight_k", "qkv_proj.weight_v"],
+        "separate": ["q_proj.weight", "k_proj.weight", "v_proj.weight"],
+    }[style]
     return [f"{a}.{n}" for n in qkv] + [f"{a}.o_proj.weight"]
 
 
@@ -76,8 +82,13 @@ def expected_names(pp_rank: int, layout: Layout, d: Dims) -> set[str]:
     for i, owner in enumerate(layer_pp_rank(d.layers, layout.pp, layout.vpp)):
         if owner == pp_rank:
             p = f"model.layers.{i}"
-            names |= {f"{p}.input_layernorm.weight", f"{p}.post_attention_layernorm.weight",
-                      f"{p}.mlp.gate_up_proj.weight", f"{p}.mlp.down_proj.weight", *attention_names(p, layout.attention)}
+            names |= {
+                f"{p}.input_layernorm.weight",
+                f"{p}.post_attention_layernorm.weight",
+                f"{p}.mlp.gate_up_proj.weight",
+                f"{p}.mlp.down_proj.weight",
+                *attention_names(p, layout.attention),
+            }
     if pp_rank == layout.pp - 1:
         names |= {"model.norm.weight", "lm_head.weight"}
     return names
@@ -90,10 +101,14 @@ class Shards:
         self.folder, self.layout, self.d = folder, layout, d
         if not folder.is_dir():
             raise FileNotFoundError(f"{folder}: no such folder")
-        beyond = [str(f.relative_to(folder)) for f in (find_rank_file(folder, layout.tp, 0), find_rank_file(folder, 0, layout.pp)) if f]
+        beyond = [
+            str(f.relative_to(folder)) for f in (find_rank_file(folder, layout.tp, 0), find_rank_file(folder, 0, layout.pp)) if f
+        ]
         if beyond:
-            raise ValueError(f"{folder} has rank files beyond the layout ({', '.join(beyond)}): "
-                             f"the checkpoint was written with another tp/pp than {layout.to_json()}")
+            raise ValueError(
+                f"{folder} has rank files beyond the layout ({', '.join(beyond)}): "
+                f"the checkpoint was written with another tp/pp than {layout.to_json()}"
+            )
         self.files = {}
         for p in range(layout.pp):
             for t in range(layout.tp):
@@ -104,8 +119,10 @@ class Shards:
         for (_, p), f in self.files.items():
             want, have = expected_names(p, layout, d), {k for k in f.keys() if not any(s in k for s in IGNORED)}
             if want != have:
-                raise ValueError(f"{f.path} does not match layout {layout.attention} (tp {layout.tp}, pp {layout.pp}): "
-                                 f"missing {sorted(want - have)[:6]}, unexpected {sorted(have - want)[:6]}")
+                raise ValueError(
+                    f"{f.path} does not match layout {layout.attention} (tp {layout.tp}, pp {layout.pp}): "
+                    f"missing {sorted(want - have)[:6]}, unexpected {sorted(have - want)[:6]}"
+                )
 
     def release(self, p: int) -> None:
         """Drop pp rank p's files (their memory maps go with the last tensor that uses them)."""
@@ -147,9 +164,14 @@ def _attention(s: Shards, p: int, i: int) -> dict[str, torch.Tensor]:
             for t in range(tp):
                 f = first[kv_head(t, layout, d)]
                 if t != f and not torch.equal(parts[t], parts[f]):
-                    log.warning("%s.%s: replica on tp rank %d differs from tp rank %d (max |diff| %.3g); "
-                                "keeping the first replica", a, name, t, f,
-                                (parts[t].float() - parts[f].float()).abs().max().item())
+                    log.warning(
+                        "%s.%s: replica on tp rank %d differs from tp rank %d (max |diff| %.3g); keeping the first replica",
+                        a,
+                        name,
+                        t,
+                        f,
+                        (parts[t].float() - parts[f].float()).abs().max().item(),
+                    )
             out[f"{a}.{name}.weight"] = torch.cat([parts[first[h]] for h in range(d.kv_heads)], 0)
     else:
         out[f"{a}.k_proj.weight"], out[f"{a}.v_proj.weight"] = torch.cat(k, 0), torch.cat(v, 0)
@@ -184,11 +206,17 @@ def hf_shapes(d: Dims, tied: bool) -> list[tuple[str, tuple]]:
     out = [("model.embed_tokens.weight", (d.vocab, h))]
     for i in range(d.layers):
         p = f"model.layers.{i}"
-        out += [(f"{p}.input_layernorm.weight", (h,)), (f"{p}.self_attn.q_proj.weight", (q, h)),
-                (f"{p}.self_attn.k_proj.weight", (kv, h)), (f"{p}.self_attn.v_proj.weight", (kv, h)),
-                (f"{p}.self_attn.o_proj.weight", (h, q)), (f"{p}.post_attention_layernorm.weight", (h,)),
-                (f"{p}.mlp.gate_proj.weight", (d.intermediate, h)), (f"{p}.mlp.up_proj.weight", (d.intermediate, h)),
-                (f"{p}.mlp.down_proj.weight", (h, d.intermediate))]
+        out += [
+            (f"{p}.input_layernorm.weight", (h,)),
+            (f"{p}.self_attn.q_proj.weight", (q, h)),
+            (f"{p}.self_attn.k_proj.weight", (kv, h)),
+            (f"{p}.self_attn.v_proj.weight", (kv, h)),
+            (f"{p}.self_attn.o_proj.weight", (h, q)),
+            (f"{p}.post_attention_layernorm.weight", (h,)),
+            (f"{p}.mlp.gate_proj.weight", (d.intermediate, h)),
+            (f"{p}.mlp.up_proj.weight", (d.intermediate, h)),
+            (f"{p}.mlp.down_proj.weight", (h, d.intermediate)),
+        ]
     out.append(("model.norm.weight", (h,)))
     if not tied:
         out.append(("lm_head.weight", (d.vocab, h)))
@@ -238,9 +266,16 @@ def write_safetensors(path: Path, entries: list[tuple[str, tuple]], tensors, dty
             fh.write(memoryview(t.view(-1).view(torch.uint8).numpy()))
 
 
-def merge(ckpt_dir: str | Path, out_dir: str | Path, tokenizer: str | Path | None = None, step: str = "latest",
-          dtype: str = "bfloat16", layout: Layout | None = None, hf_config: dict | None = None,
-          max_shard_bytes: int = 5 << 30) -> dict:
+def merge(
+    ckpt_dir: str | Path,
+    out_dir: str | Path,
+    tokenizer: str | Path | None = None,
+    step: str = "latest",
+    dtype: str = "bfloat16",
+    layout: Layout | None = None,
+    hf_config: dict | None = None,
+    max_shard_bytes: int = 5 << 30,
+) -> dict:
     ckpt_dir = Path(ckpt_dir)
     record_path = ckpt_dir / "pretrained_weight" / LAYOUT_FILE
     record = json.loads(record_path.read_text()) if record_path.is_file() else {}
@@ -258,8 +293,10 @@ def merge(ckpt_dir: str | Path, out_dir: str | Path, tokenizer: str | Path | Non
     if tied:  # NxD trains its own lm_head: keep the tie only if it still holds
         same = torch.equal(shards.cat(0, "model.embed_tokens.weight", 0), shards.cat(layout.pp - 1, "lm_head.weight", 0))
         if not same:
-            log.warning("tie_word_embeddings is set but lm_head differs from embed_tokens after training: "
-                        "writing both and tie_word_embeddings false")
+            log.warning(
+                "tie_word_embeddings is set but lm_head differs from embed_tokens after training: "
+                "writing both and tie_word_embeddings false"
+            )
             tied = False
     cfg["tie_word_embeddings"] = tied
 
@@ -289,16 +326,24 @@ def merge(ckpt_dir: str | Path, out_dir: str | Path, tokenizer: str | Path | Non
             from llmpipe.data.tokenizer import load_tokenizer
 
             load_tokenizer(tokenizer).save_pretrained(str(tmp))
-        summary = {"source": str(folder), "tag": tag, "layout": layout.to_json(), "attention": layout.attention,
-                   "dtype": dtype, "tie_word_embeddings": tied, "files": sorted(set(weight_map.values()))}
+        summary = {
+            "source": str(folder),
+            "tag": tag,
+            "layout": layout.to_json(),
+            "attention": layout.attention,
+            "dtype": dtype,
+            "tie_word_embeddings": tied,
+            "files": sorted(set(weight_map.values())),
+        }
         write_json(tmp / "merge.json", summary)
     log.info("merged %s -> %s (%s, %d file(s))", folder, out_dir, dtype, len(summary["files"]))
     return summary
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="llmpipe neuron-merge", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="llmpipe neuron-merge", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--checkpoint-dir", required=True, help="NxD checkpoint dir (run_llama_nxd.py --checkpoint_dir)")
     p.add_argument("--out", required=True)
     p.add_argument("--tokenizer", help="HF tokenizer folder copied into the output")
@@ -313,5 +358,4 @@ def main(argv: list[str] | None = None) -> None:
         spec = json.loads(args.layout)
         layout = Layout.from_config(spec)
     cfg = json.loads((Path(args.hf_config) / "config.json").read_text()) if args.hf_config else None
-    merge(args.checkpoint_dir, args.out, args.tokenizer, args.step, args.dtype, layout, cfg,
-          int(args.max_shard_gb * (1 << 30)))
+    merge(args.checkpoint_dir, args.out, args.tokenizer, args.step, args.dtype, layout, cfg, int(args.max_shard_gb * (1 << 30)))

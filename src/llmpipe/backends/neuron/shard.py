@@ -19,8 +19,8 @@ import ctypes
 import json
 import logging
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import torch
 
@@ -31,9 +31,17 @@ from llmpipe.io import atomic_path, write_json
 log = logging.getLogger(__name__)
 
 LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
-LAYER_KEYS = {"input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_proj.weight",
-              "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
-              "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"}
+LAYER_KEYS = {
+    "input_layernorm.weight",
+    "post_attention_layernorm.weight",
+    "self_attn.q_proj.weight",
+    "self_attn.k_proj.weight",
+    "self_attn.v_proj.weight",
+    "self_attn.o_proj.weight",
+    "mlp.gate_proj.weight",
+    "mlp.up_proj.weight",
+    "mlp.down_proj.weight",
+}
 TOP_KEYS = {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"}
 LAYOUT_FILE = "nxd_layout.json"
 IGNORED = ("rotary_emb.inv_freq",)  # buffers some old checkpoints carry; NxD recomputes them
@@ -42,16 +50,19 @@ IGNORED = ("rotary_emb.inv_freq",)  # buffers some old checkpoints carry; NxD re
 def check_keys(names: list[str], d: Dims) -> None:
     """Every tensor must be one NxD's Llama has (a clear error before any work)."""
     expected = {"model.embed_tokens.weight", "model.norm.weight"} | {
-        f"model.layers.{i}.{k}" for i in range(d.layers) for k in LAYER_KEYS}
+        f"model.layers.{i}.{k}" for i in range(d.layers) for k in LAYER_KEYS
+    }
     present = {n for n in names if not n.endswith(IGNORED)}
     missing = sorted(expected - present)
     unknown = sorted(present - expected - {"lm_head.weight"})
     if "lm_head.weight" not in present and not d.tied:
         missing.append("lm_head.weight (tie_word_embeddings is false)")
     if missing or unknown:
-        raise ValueError("checkpoint does not match NxD's Llama: "
-                         + (f"missing {missing[:8]}{' ...' if len(missing) > 8 else ''}; " if missing else "")
-                         + (f"unexpected {unknown[:8]}{' ...' if len(unknown) > 8 else ''}" if unknown else ""))
+        raise ValueError(
+            "checkpoint does not match NxD's Llama: "
+            + (f"missing {missing[:8]}{' ...' if len(missing) > 8 else ''}; " if missing else "")
+            + (f"unexpected {unknown[:8]}{' ...' if len(unknown) > 8 else ''}" if unknown else "")
+        )
 
 
 def stacked(hf: HFCheckpoint, names: list[str], ranges: list[tuple[int, int]]) -> torch.Tensor:
@@ -62,7 +73,7 @@ def stacked(hf: HFCheckpoint, names: list[str], ranges: list[tuple[int, int]]) -
     out = torch.empty((sum(sizes), *first[1:]), dtype=probe.dtype)
     at = 0
     for name, (a, b) in zip(names, ranges):
-        hf.rows(name, a, b, out[at:at + b - a])
+        hf.rows(name, a, b, out[at : at + b - a])
         at += b - a
     return out
 
@@ -148,20 +159,24 @@ def shard(model_dir: str | Path, out_dir: str | Path, layout: Layout) -> dict:
                 torch.save(state, tmp / "model" / rank_file(tp_rank, pp_rank))
                 del state
                 release_freed_memory()
-        record = {"layout": layout.to_json(), "attention": layout.attention, "source": str(model_dir),
-                  "hf_config": cfg}
+        record = {"layout": layout.to_json(), "attention": layout.attention, "source": str(model_dir), "hf_config": cfg}
         write_json(tmp / LAYOUT_FILE, record)
         log.info("sharded %s -> %s (tp %d, pp %d, %s)", model_dir, target, layout.tp, layout.pp, layout.attention)
     return record
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="llmpipe neuron-shard", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="llmpipe neuron-shard", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--model", required=True, help="HF model folder (config.json + safetensors or .bin)")
     p.add_argument("--out", required=True, help="NxD checkpoint dir (run_llama_nxd.py --checkpoint_dir)")
-    p.add_argument("--layout", required=True, help="JSON: tp, pp, vpp, kv_size_multiplier, qkv_linear, fuse_qkv, coalesce_qkv "
-                   "(or a config JSON with `neuron` and `parallel` sections)")
+    p.add_argument(
+        "--layout",
+        required=True,
+        help="JSON: tp, pp, vpp, kv_size_multiplier, qkv_linear, fuse_qkv, coalesce_qkv "
+        "(or a config JSON with `neuron` and `parallel` sections)",
+    )
     args = p.parse_args(argv)
     spec = json.loads(args.layout)
     shard(args.model, args.out, Layout.from_config(spec))

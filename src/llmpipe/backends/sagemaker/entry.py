@@ -31,8 +31,10 @@ REQUIRED = ("torch", "transformers", "datasets", "safetensors", "jsonschema", "y
 def check_image() -> None:
     missing = [m for m in REQUIRED if importlib.util.find_spec(m) is None]
     if missing:
-        raise RuntimeError(f"the training image lacks {', '.join(missing)}: use an image built FROM the PyTorch "
-                           f"container with llmpipe's pinned dependencies (pyproject.toml)")
+        raise RuntimeError(
+            f"the training image lacks {', '.join(missing)}: use an image built FROM the PyTorch "
+            f"container with llmpipe's pinned dependencies (pyproject.toml)"
+        )
 
 
 def command(root: Path, hp: dict, resource: dict, out: Path, python: str = sys.executable) -> list[str]:
@@ -46,13 +48,41 @@ def command(root: Path, hp: dict, resource: dict, out: Path, python: str = sys.e
     hosts = resource.get("hosts", ["algo-1"])
     rank = hosts.index(resource.get("current_host", hosts[0]))
     data = root / "input" / "data"
-    train = ["-m", "llmpipe", "torch-train", "--config", json.dumps(cfg), "--init", str(data / "init"),
-             "--data", str(data / "train"), "--checkpoints", str(root / "checkpoints"),
-             "--metrics", str(root / "output" / "data" / "metrics.jsonl"), "--out", str(out)]
+    train = [
+        "-m",
+        "llmpipe",
+        "torch-train",
+        "--config",
+        json.dumps(cfg),
+        "--init",
+        str(data / "init"),
+        "--data",
+        str(data / "train"),
+        "--checkpoints",
+        str(root / "checkpoints"),
+        "--metrics",
+        str(root / "output" / "data" / "metrics.jsonl"),
+        "--out",
+        str(out),
+    ]
     if nproc == 1 and len(hosts) == 1:
         return [python, *train]
-    return [python, "-m", "torch.distributed.run", "--nnodes", str(len(hosts)), "--node_rank", str(rank),
-            "--nproc_per_node", str(nproc), "--master_addr", hosts[0], "--master_port", str(MASTER_PORT), *train]
+    return [
+        python,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        str(len(hosts)),
+        "--node_rank",
+        str(rank),
+        "--nproc_per_node",
+        str(nproc),
+        "--master_addr",
+        hosts[0],
+        "--master_port",
+        str(MASTER_PORT),
+        *train,
+    ]
 
 
 def main() -> None:

@@ -28,8 +28,7 @@ from botocore.exceptions import ClientError
 
 from llmpipe import config as cfgmod
 from llmpipe.backends.sagemaker import aws
-from llmpipe.backends.sagemaker.hyperparameters import (algorithm_hyperparameters, check_settings, job_name,
-                                                        request_key)
+from llmpipe.backends.sagemaker.hyperparameters import algorithm_hyperparameters, check_settings, job_name, request_key
 from llmpipe.backends.sagemaker.upload import ENTRY_SCRIPT
 from llmpipe.backends.sagemaker.validate import check_request
 from llmpipe.io import atomic_path, write_json
@@ -62,28 +61,40 @@ def build_request(cfg: dict, inputs: dict) -> dict:
         spec = {"AlgorithmName": sm["algorithm_name"], "TrainingInputMode": "File"}
         hp = algorithm_hyperparameters(cfg)
     else:
-        spec = {"TrainingImage": sm["image_uri"], "TrainingInputMode": "File",
-                "ContainerEntrypoint": ["python3", f"{CODE_DIR}/{ENTRY_SCRIPT}"]}
-        hp = {"llmpipe_config": json.dumps({"train": cfg["train"], "eval": cfg["eval"]}, sort_keys=True),
-              "processes_per_instance": str(cfg["parallel"]["nproc_per_node"] or "auto"),
-              **{k: str(v) for k, v in sm["hyperparameters"].items()}}
+        spec = {
+            "TrainingImage": sm["image_uri"],
+            "TrainingInputMode": "File",
+            "ContainerEntrypoint": ["python3", f"{CODE_DIR}/{ENTRY_SCRIPT}"],
+        }
+        hp = {
+            "llmpipe_config": json.dumps({"train": cfg["train"], "eval": cfg["eval"]}, sort_keys=True),
+            "processes_per_instance": str(cfg["parallel"]["nproc_per_node"] or "auto"),
+            **{k: str(v) for k, v in sm["hyperparameters"].items()},
+        }
     request = {
         "AlgorithmSpecification": spec,
         "RoleArn": sm["role_arn"],
         "HyperParameters": hp,
         "InputDataConfig": [
-            {"ChannelName": name, "InputMode": "File",
-             "DataSource": {"S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": ch["s3_uri"],
-                                             "S3DataDistributionType": "FullyReplicated"}}}
-            for name, ch in inputs["channels"].items()],
+            {
+                "ChannelName": name,
+                "InputMode": "File",
+                "DataSource": {
+                    "S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": ch["s3_uri"], "S3DataDistributionType": "FullyReplicated"}
+                },
+            }
+            for name, ch in inputs["channels"].items()
+        ],
         "OutputDataConfig": {"S3OutputPath": aws.join(base, "output")},
-        "ResourceConfig": {"InstanceType": sm["instance_type"], "InstanceCount": cfg["parallel"]["nnodes"],
-                           "VolumeSizeInGB": sm["volume_size_gb"],
-                           "KeepAlivePeriodInSeconds": sm["keep_alive_seconds"]},
+        "ResourceConfig": {
+            "InstanceType": sm["instance_type"],
+            "InstanceCount": cfg["parallel"]["nnodes"],
+            "VolumeSizeInGB": sm["volume_size_gb"],
+            "KeepAlivePeriodInSeconds": sm["keep_alive_seconds"],
+        },
         "StoppingCondition": {"MaxRuntimeInSeconds": sm["max_runtime_seconds"]},
         "EnableNetworkIsolation": sm["network_isolation"],
-        "Tags": [{"Key": "llmpipe:run", "Value": run}]
-        + [{"Key": k, "Value": str(v)} for k, v in sorted(sm["tags"].items())],
+        "Tags": [{"Key": "llmpipe:run", "Value": run}] + [{"Key": k, "Value": str(v)} for k, v in sorted(sm["tags"].items())],
     }
     key = request_key({"request": request, "files": {n: c["files"] for n, c in inputs["channels"].items()}})
     request["TrainingJobName"] = job_name(sm["job_name_prefix"], run, key, 1)
@@ -104,7 +115,8 @@ def _describe(sm_client, name: str) -> dict | None:
         err = exc.response.get("Error", {})
         msg = err.get("Message", "")
         if err.get("Code") in ("ValidationException", "ValidationError", "ResourceNotFound") and (
-                "not found" in msg.lower() or "could not find" in msg.lower()):
+            "not found" in msg.lower() or "could not find" in msg.lower()
+        ):
             return None
         raise
 
@@ -126,10 +138,13 @@ def create_or_attach(sm_client, request: dict, max_attempts: int) -> tuple[str, 
         if status in ("InProgress", "Completed", "Stopping"):
             log.info("attaching to existing training job %s (%s)", name, status)
             return name, False
-        log.info("training job %s ended %s (%s); trying the next attempt", name, status,
-                 desc.get("FailureReason", "no reason given"))
-    raise JobError(f"{request['TrainingJobName']}: {max_attempts} attempts ended Failed or Stopped "
-                   f"(sagemaker.max_attempts); see the logs above")
+        log.info(
+            "training job %s ended %s (%s); trying the next attempt", name, status, desc.get("FailureReason", "no reason given")
+        )
+    raise JobError(
+        f"{request['TrainingJobName']}: {max_attempts} attempts ended Failed or Stopped "
+        f"(sagemaker.max_attempts); see the logs above"
+    )
 
 
 # --- waiting -----------------------------------------------------------------------------------
@@ -146,7 +161,8 @@ class LogTail:
         n = 0
         try:
             pages = self.logs.get_paginator("describe_log_streams").paginate(
-                logGroupName=LOG_GROUP, logStreamNamePrefix=self.job + "/")
+                logGroupName=LOG_GROUP, logStreamNamePrefix=self.job + "/"
+            )
             streams = sorted(s["logStreamName"] for page in pages for s in page.get("logStreams", []))
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") == "ResourceNotFoundException":
@@ -160,7 +176,7 @@ class LogTail:
                     kw["nextToken"] = token
                 resp = self.logs.get_log_events(**kw)
                 for event in resp.get("events", []):
-                    self.write(stream[len(self.job) + 1:], event["message"].rstrip("\n"))
+                    self.write(stream[len(self.job) + 1 :], event["message"].rstrip("\n"))
                     n += 1
                 new = resp.get("nextForwardToken")
                 if not resp.get("events") or not new or new == token:
@@ -172,8 +188,9 @@ class LogTail:
         return n
 
 
-def wait(sm_client, name: str, timeout_s: float, poll_s: float, tail: LogTail | None = None,
-         clock=time.monotonic, sleep=time.sleep) -> dict:
+def wait(
+    sm_client, name: str, timeout_s: float, poll_s: float, tail: LogTail | None = None, clock=time.monotonic, sleep=time.sleep
+) -> dict:
     """Poll until the job ends; log status changes; on timeout or interrupt stop the job and raise."""
     deadline = clock() + timeout_s
     last = None
@@ -182,19 +199,21 @@ def wait(sm_client, name: str, timeout_s: float, poll_s: float, tail: LogTail | 
             desc = sm_client.describe_training_job(TrainingJobName=name)
             state = (desc["TrainingJobStatus"], desc.get("SecondaryStatus"))
             if state != last:
-                log.info("%s: %s / %s%s", name, *state,
-                         f" ({desc['StatusMessage']})" if desc.get("StatusMessage") else "")
+                log.info("%s: %s / %s%s", name, *state, f" ({desc['StatusMessage']})" if desc.get("StatusMessage") else "")
                 last = state
             if tail:
                 tail.poll()
             if desc["TrainingJobStatus"] in TERMINAL:
                 if desc["TrainingJobStatus"] != "Completed":
-                    raise JobError(f"training job {name} ended {desc['TrainingJobStatus']}: "
-                                   f"{desc.get('FailureReason', 'no reason given')}")
+                    raise JobError(
+                        f"training job {name} ended {desc['TrainingJobStatus']}: {desc.get('FailureReason', 'no reason given')}"
+                    )
                 return desc
             if clock() >= deadline:
-                raise WaitTimeout(f"training job {name} still {desc['TrainingJobStatus']} after {timeout_s:.0f} s "
-                                  f"(sagemaker.wait_timeout_seconds); stop requested")
+                raise WaitTimeout(
+                    f"training job {name} still {desc['TrainingJobStatus']} after {timeout_s:.0f} s "
+                    f"(sagemaker.wait_timeout_seconds); stop requested"
+                )
             sleep(poll_s)
     except (WaitTimeout, KeyboardInterrupt):
         stop(sm_client, name)
@@ -258,8 +277,10 @@ def to_hf(model_dir: Path, out: Path, fmt: str) -> str:
             litgpt.convert(ckpt, out)
             return "litgpt"
     found = sorted(p.relative_to(model_dir).as_posix() for p in model_dir.rglob("*") if p.is_file())[:20]
-    raise JobError(f"model.tar.gz holds no {'HF or lit-gpt' if fmt == 'auto' else fmt} checkpoint "
-                   f"(sagemaker.output_format {fmt}); files: {', '.join(found) or 'none'}")
+    raise JobError(
+        f"model.tar.gz holds no {'HF or lit-gpt' if fmt == 'auto' else fmt} checkpoint "
+        f"(sagemaker.output_format {fmt}); files: {', '.join(found) or 'none'}"
+    )
 
 
 def metrics_from_logs(lines: list[str], pattern: str, cfg: dict, train_rows: int | None) -> list[dict]:
@@ -277,8 +298,12 @@ def metrics_from_logs(lines: list[str], pattern: str, cfg: dict, train_rows: int
             continue
         step = int(m.group("step"))
         seqs = step * t["global_batch_size"]
-        rec = {"step": step, "loss": float(m.group("loss")), "tokens": seqs * t["seq_len"],
-               "epoch": seqs / train_rows if train_rows else 0.0}
+        rec = {
+            "step": step,
+            "loss": float(m.group("loss")),
+            "tokens": seqs * t["seq_len"],
+            "epoch": seqs / train_rows if train_rows else 0.0,
+        }
         lr = m.groupdict().get("lr")
         if lr is not None:
             rec["lr"] = float(lr)
@@ -306,8 +331,9 @@ def metrics_from_output(s3, desc: dict, work: Path) -> list[dict] | None:
 # --- the whole step ----------------------------------------------------------------------------
 
 
-def train(cfg: dict, inputs_path: str | Path, out: str | Path, metrics_path: str | Path,
-          clients: dict | None = None, sleep=time.sleep) -> dict:
+def train(
+    cfg: dict, inputs_path: str | Path, out: str | Path, metrics_path: str | Path, clients: dict | None = None, sleep=time.sleep
+) -> dict:
     check_settings(cfg)
     sm = cfg["sagemaker"]
     inputs = json.loads(Path(inputs_path).read_text())
@@ -337,10 +363,17 @@ def train(cfg: dict, inputs_path: str | Path, out: str | Path, metrics_path: str
             records = metrics_from_logs(lines, sm["loss_regex"], cfg, inputs.get("train_rows"))
         with atomic_path(out) as tmp_out:
             fmt = to_hf(work / "model", tmp_out, sm["output_format"])
-            job = {"job_name": name, "job_arn": desc.get("TrainingJobArn"), "created": created,
-                   "status": desc["TrainingJobStatus"], "model_artifact": artifact, "artifact_format": fmt,
-                   "billable_seconds": desc.get("BillableTimeInSeconds"),
-                   "checkpoints": request["CheckpointConfig"]["S3Uri"], "mode": sm["mode"]}
+            job = {
+                "job_name": name,
+                "job_arn": desc.get("TrainingJobArn"),
+                "created": created,
+                "status": desc["TrainingJobStatus"],
+                "model_artifact": artifact,
+                "artifact_format": fmt,
+                "billable_seconds": desc.get("BillableTimeInSeconds"),
+                "checkpoints": request["CheckpointConfig"]["S3Uri"],
+                "mode": sm["mode"],
+            }
             write_json(tmp_out / "sagemaker_job.json", job)
     with atomic_path(metrics_path) as tmp_m:
         tmp_m.write_text("".join(io_dumps(r, sort_keys=True) + "\n" for r in records))
@@ -355,8 +388,9 @@ def _sigterm(signum, frame):
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="llmpipe sagemaker-train", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="llmpipe sagemaker-train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--config", required=True)
     p.add_argument("--inputs", required=True, help="manifest from sagemaker-upload")
     p.add_argument("--metrics", required=True, help="metrics.jsonl to write")

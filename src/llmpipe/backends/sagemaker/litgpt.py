@@ -36,7 +36,7 @@ def split_qkv(w: torch.Tensor, key: str, n_head: int, n_groups: int, head: int):
     if key.endswith("attn.qkv.weight"):
         return torch.split(w, [n_head * head, n_groups * head, n_groups * head])
     w = w.view(n_groups, q_per_kv + 2, head, -1)
-    q, k, v = w[:, :q_per_kv], w[:, q_per_kv:q_per_kv + 1], w[:, q_per_kv + 1:]
+    q, k, v = w[:, :q_per_kv], w[:, q_per_kv : q_per_kv + 1], w[:, q_per_kv + 1 :]
     return (t.reshape(-1, w.shape[-1]) for t in (q, k, v))
 
 
@@ -44,11 +44,19 @@ def hf_state_dict(sd: dict, c: dict) -> dict:
     n_head = c["n_head"]
     n_groups = c.get("n_query_groups") or n_head
     head = c.get("head_size") or c["n_embd"] // n_head
-    simple = {"transformer.wte.weight": "model.embed_tokens.weight", "transformer.ln_f.weight": "model.norm.weight",
-              "lm_head.weight": "lm_head.weight"}
-    layer = {"norm_1.weight": "input_layernorm.weight", "norm_2.weight": "post_attention_layernorm.weight",
-             "attn.proj.weight": "self_attn.o_proj.weight", "mlp.fc_1.weight": "mlp.gate_proj.weight",
-             "mlp.fc_2.weight": "mlp.up_proj.weight", "mlp.proj.weight": "mlp.down_proj.weight"}
+    simple = {
+        "transformer.wte.weight": "model.embed_tokens.weight",
+        "transformer.ln_f.weight": "model.norm.weight",
+        "lm_head.weight": "lm_head.weight",
+    }
+    layer = {
+        "norm_1.weight": "input_layernorm.weight",
+        "norm_2.weight": "post_attention_layernorm.weight",
+        "attn.proj.weight": "self_attn.o_proj.weight",
+        "mlp.fc_1.weight": "mlp.gate_proj.weight",
+        "mlp.fc_2.weight": "mlp.up_proj.weight",
+        "mlp.proj.weight": "mlp.down_proj.weight",
+    }
     out = {}
     for key, w in sd.items():
         if key in simple:
@@ -78,12 +86,20 @@ def convert(ckpt: Path, out: Path) -> None:
     hf = hf_state_dict(sd, c)
     tied = "lm_head.weight" not in hf or torch.equal(hf["lm_head.weight"], hf["model.embed_tokens.weight"])
     config = LlamaConfig(
-        vocab_size=c.get("padded_vocab_size") or c["vocab_size"], hidden_size=c["n_embd"],
-        intermediate_size=c["intermediate_size"], num_hidden_layers=c["n_layer"], num_attention_heads=c["n_head"],
+        vocab_size=c.get("padded_vocab_size") or c["vocab_size"],
+        hidden_size=c["n_embd"],
+        intermediate_size=c["intermediate_size"],
+        num_hidden_layers=c["n_layer"],
+        num_attention_heads=c["n_head"],
         num_key_value_heads=c.get("n_query_groups") or c["n_head"],
-        head_dim=c.get("head_size") or c["n_embd"] // c["n_head"], rms_norm_eps=float(c.get("norm_eps", 1e-5)),
-        rope_theta=float(c.get("rope_base", 10000)), max_position_embeddings=c.get("block_size", 4096),
-        tie_word_embeddings=tied, attention_bias=bool(c.get("bias", False)), mlp_bias=bool(c.get("bias", False)))
+        head_dim=c.get("head_size") or c["n_embd"] // c["n_head"],
+        rms_norm_eps=float(c.get("norm_eps", 1e-5)),
+        rope_theta=float(c.get("rope_base", 10000)),
+        max_position_embeddings=c.get("block_size", 4096),
+        tie_word_embeddings=tied,
+        attention_bias=bool(c.get("bias", False)),
+        mlp_bias=bool(c.get("bias", False)),
+    )
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
     if tied:

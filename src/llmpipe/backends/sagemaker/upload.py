@@ -56,7 +56,7 @@ def sync_folder(s3, root: Path, uri: str, flat: bool = False) -> dict:
     existing = {}
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/"):
         for obj in page.get("Contents", []):
-            existing[obj["Key"][len(prefix) + 1:]] = obj["Key"]
+            existing[obj["Key"][len(prefix) + 1 :]] = obj["Key"]
     digests, uploaded, skipped = {}, [], []
     for rel, path in files.items():
         digest = digests[rel] = sha256_file(path)
@@ -70,11 +70,9 @@ def sync_folder(s3, root: Path, uri: str, flat: bool = False) -> dict:
         uploaded.append(rel)
     stale = sorted(set(existing) - set(files))
     for i in range(0, len(stale), 1000):
-        s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": existing[r]} for r in stale[i:i + 1000]]})
-    log.info("%s: %d uploaded, %d already there (same sha256), %d stale deleted", uri, len(uploaded), len(skipped),
-             len(stale))
-    return {"s3_uri": uri.rstrip("/") + "/", "files": digests, "uploaded": uploaded, "skipped": skipped,
-            "deleted": stale}
+        s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": existing[r]} for r in stale[i : i + 1000]]})
+    log.info("%s: %d uploaded, %d already there (same sha256), %d stale deleted", uri, len(uploaded), len(skipped), len(stale))
+    return {"s3_uri": uri.rstrip("/") + "/", "files": digests, "uploaded": uploaded, "skipped": skipped, "deleted": stale}
 
 
 def code_folder(dest: Path) -> Path:
@@ -101,15 +99,19 @@ def upload_inputs(cfg: dict, view: str | Path, init: str | Path | None, out: str
             channels["code"] = sync_folder(s3, code_folder(Path(tmp)), aws.join(base, "code"))
     view_json = Path(view) / "view.json"
     rows = json.loads(view_json.read_text())["train"]["rows"] if view_json.is_file() else None
-    manifest = {"mode": sm["mode"], "train_rows": rows, "channels": {
-        name: {"s3_uri": c["s3_uri"], "files": c["files"]} for name, c in channels.items()}}
+    manifest = {
+        "mode": sm["mode"],
+        "train_rows": rows,
+        "channels": {name: {"s3_uri": c["s3_uri"], "files": c["files"]} for name, c in channels.items()},
+    }
     write_json(out, manifest)
     return {**manifest, "transfer": {n: {k: c[k] for k in ("uploaded", "skipped", "deleted")} for n, c in channels.items()}}
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="llmpipe sagemaker-upload", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="llmpipe sagemaker-upload", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--config", required=True)
     p.add_argument("--view", required=True, help="litgpt view (mode algorithm) or hf view (mode image)")
     p.add_argument("--init", default=None, help="starting HF checkpoint (mode image)")

@@ -117,9 +117,15 @@ class Trainer:
         if self.env.world > 1:
             self.ddp = torch.nn.parallel.DistributedDataParallel(self.model)
         if self.env.main:
-            log.info("world %d, micro batch %d, grad accumulation %d, global batch %d, precision %s, %d parameters",
-                     self.env.world, self.t["micro_batch_size"], self.accum, self.t["global_batch_size"],
-                     self.amp or "fp32", self.model.num_parameters())
+            log.info(
+                "world %d, micro batch %d, grad accumulation %d, global batch %d, precision %s, %d parameters",
+                self.env.world,
+                self.t["micro_batch_size"],
+                self.accum,
+                self.t["global_batch_size"],
+                self.amp or "fp32",
+                self.model.num_parameters(),
+            )
 
     def autocast(self):
         return torch.autocast(self.env.device.type, dtype=self.amp or torch.bfloat16, enabled=self.amp is not None)
@@ -164,14 +170,26 @@ class Trainer:
 
     def save(self, step: int) -> None:
         if self.env.main:
-            ckpt.save(self.ckpt_root, step, self.model, self.optimizer, self.scheduler, {"fingerprint": self.fp},
-                      self.t["keep_checkpoints"])
+            ckpt.save(
+                self.ckpt_root,
+                step,
+                self.model,
+                self.optimizer,
+                self.scheduler,
+                {"fingerprint": self.fp},
+                self.t["keep_checkpoints"],
+            )
         self.env.barrier()
 
     def finish(self, out_dir: Path, start: int, last_val: float | None) -> dict:
         """The final HF folder with train_summary.json (main rank); the summary."""
-        summary = {"steps": self.t["max_steps"], "final_val_loss": last_val, "world_size": self.env.world,
-                   "precision": str(self.amp or "fp32"), "resumed_from_step": start}
+        summary = {
+            "steps": self.t["max_steps"],
+            "final_val_loss": last_val,
+            "world_size": self.env.world,
+            "precision": str(self.amp or "fp32"),
+            "resumed_from_step": start,
+        }
         if not self.env.main:
             return summary
         if last_val is None:  # resumed at max_steps: nothing left to train, still report validation

@@ -43,29 +43,53 @@ def _columns(segment_ids: bool, seg_dtype: str) -> dict[str, str]:
 def _schema(cols: dict[str, str], seq_len: int) -> pa.Schema:
     """Features({k: List(Value(v), length=seq_len)}).arrow_schema with the metadata ArrowWriter adds."""
     features = {k: {"feature": {"dtype": v, "_type": "Value"}, "length": seq_len, "_type": "List"} for k, v in cols.items()}
-    return pa.schema([pa.field(k, pa.list_(pa.from_numpy_dtype(np.dtype(v)), seq_len)) for k, v in cols.items()],
-                     metadata={"huggingface": json.dumps({"info": {"features": features}})})
+    return pa.schema(
+        [pa.field(k, pa.list_(pa.from_numpy_dtype(np.dtype(v)), seq_len)) for k, v in cols.items()],
+        metadata={"huggingface": json.dumps({"info": {"features": features}})},
+    )
 
 
 def _finish(folder: Path, data_file: str, fingerprint: str, cols: dict[str, str], seq_len: int) -> None:
     """state.json + dataset_info.json exactly as Dataset.save_to_disk writes them (dataset_info: the
     DatasetInfo that datasets reads back from the file's schema, every other field at its default).
     The fingerprint derives from what made the rows (not random), so a rebuild is byte-identical."""
-    state = {"_fingerprint": fingerprint[:16], "_format_columns": None, "_format_kwargs": {},
-             "_format_type": None, "_output_all_columns": False, "_split": None,
-             "_data_files": [{"filename": data_file}]}
+    state = {
+        "_fingerprint": fingerprint[:16],
+        "_format_columns": None,
+        "_format_kwargs": {},
+        "_format_type": None,
+        "_output_all_columns": False,
+        "_split": None,
+        "_data_files": [{"filename": data_file}],
+    }
     (folder / "state.json").write_text(json.dumps(state, indent=2, sort_keys=True))
-    features = {k: {"feature": {"dtype": v, "id": None, "_type": "Value"}, "length": seq_len, "id": None, "_type": "List"}
-                for k, v in cols.items()}
-    info = dict.fromkeys(("builder_name", "config_name", "dataset_name", "dataset_size", "download_checksums",
-                          "download_size", "post_processed", "post_processing_size", "size_in_bytes", "splits",
-                          "supervised_keys", "version"))
+    features = {
+        k: {"feature": {"dtype": v, "id": None, "_type": "Value"}, "length": seq_len, "id": None, "_type": "List"}
+        for k, v in cols.items()
+    }
+    info = dict.fromkeys(
+        (
+            "builder_name",
+            "config_name",
+            "dataset_name",
+            "dataset_size",
+            "download_checksums",
+            "download_size",
+            "post_processed",
+            "post_processing_size",
+            "size_in_bytes",
+            "splits",
+            "supervised_keys",
+            "version",
+        )
+    )
     info.update(citation="", description="", homepage="", license="", features=features)
     (folder / "dataset_info.json").write_text(json.dumps({k: info[k] for k in sorted(info)}, indent=2))
 
 
-def write_split(store: TokenStore, split: str, out: Path, seq_len: int, remainder: str, shuffle: bool, seed: int,
-                segment_ids: bool) -> dict:
+def write_split(
+    store: TokenStore, split: str, out: Path, seq_len: int, remainder: str, shuffle: bool, seed: int, segment_ids: bool
+) -> dict:
     stream = store.split(split)
     layout = Layout(stream.size, seq_len, remainder)
     if layout.rows == 0:
@@ -79,14 +103,21 @@ def write_split(store: TokenStore, split: str, out: Path, seq_len: int, remainde
     data_file = "data-00000-of-00001.arrow"
     with open(out / data_file, "wb") as fh, pa.ipc.new_stream(fh, schema) as writer:
         for k in tqdm(range(0, layout.rows, ROWS_PER_BATCH), desc=f"pack hf/{split}", unit=" batches", mininterval=10):
-            ids, mask, segs = rows(stream.read, layout, perm[k:k + ROWS_PER_BATCH], store.eos_id, starts, np.int32)
+            ids, mask, segs = rows(stream.read, layout, perm[k : k + ROWS_PER_BATCH], store.eos_id, starts, np.int32)
             labels = ids if mask.all() else np.where(mask == 1, ids, np.int32(IGNORE_INDEX))
             cols = [_column(ids, np.int32, seq_len), _column(mask, np.int8, seq_len), _column(labels, np.int32, seq_len)]
             if segment_ids:
                 cols.append(_column(segs, seg_dtype, seq_len))
             writer.write_table(pa.Table.from_batches([pa.record_batch(cols, schema=schema)]), WRITER_BATCH_SIZE)
-    made_by = {"store": store.manifest["fingerprint"], "split": split, "seq_len": seq_len, "remainder": remainder,
-               "shuffle": shuffle, "seed": seed, "segment_ids": segment_ids}
+    made_by = {
+        "store": store.manifest["fingerprint"],
+        "split": split,
+        "seq_len": seq_len,
+        "remainder": remainder,
+        "shuffle": shuffle,
+        "seed": seed,
+        "segment_ids": segment_ids,
+    }
     _finish(out, data_file, hashlib.sha256(json.dumps(made_by, sort_keys=True).encode()).hexdigest(), cols_spec, seq_len)
     return {**layout.stats(), "shuffle": shuffle, "seed": seed, "segment_ids": segment_ids}
 
@@ -95,6 +126,5 @@ def write(store: TokenStore, out: Path, cfg: dict) -> dict:
     d, seq_len = cfg["data"], cfg["train"]["seq_len"]
     stats = {}
     for split, policy, shuffle in (("train", d["remainder"], d["shuffle"]), ("val", d["val_remainder"], False)):
-        stats[split] = write_split(store, split, out / split, seq_len, policy, shuffle, d["shuffle_seed"],
-                                   d["segment_ids"])
+        stats[split] = write_split(store, split, out / split, seq_len, policy, shuffle, d["shuffle_seed"], d["segment_ids"])
     return stats

@@ -22,8 +22,16 @@ from llmpipe.data.token_store import TokenStore
 log = logging.getLogger(__name__)
 
 MAGIC, VERSION = b"LITPKDS", 1
-CODES = {np.dtype(np.uint8): 1, np.dtype(np.int8): 2, np.dtype(np.int16): 3, np.dtype(np.int32): 4,
-         np.dtype(np.int64): 5, np.dtype(np.float32): 6, np.dtype(np.float64): 7, np.dtype(np.uint16): 8}
+CODES = {
+    np.dtype(np.uint8): 1,
+    np.dtype(np.int8): 2,
+    np.dtype(np.int16): 3,
+    np.dtype(np.int32): 4,
+    np.dtype(np.int64): 5,
+    np.dtype(np.float32): 6,
+    np.dtype(np.float64): 7,
+    np.dtype(np.uint16): 8,
+}
 HEADER = struct.Struct("<7sQBQ")  # 24 bytes
 
 
@@ -44,8 +52,18 @@ def read_file(path: str | Path) -> np.ndarray:
     return tokens
 
 
-def write_split(store: TokenStore, split: str, out: Path, prefix: str, name: str, seq_len: int, per_file: int,
-                remainder: str, shuffle: bool, seed: int) -> dict:
+def write_split(
+    store: TokenStore,
+    split: str,
+    out: Path,
+    prefix: str,
+    name: str,
+    seq_len: int,
+    per_file: int,
+    remainder: str,
+    shuffle: bool,
+    seed: int,
+) -> dict:
     stream = store.split(split)
     block = seq_len + 1
     layout = Layout(stream.size, block, remainder)
@@ -58,23 +76,32 @@ def write_split(store: TokenStore, split: str, out: Path, prefix: str, name: str
     batches = range(0, layout.rows, per_file)
     for counter, k in enumerate(tqdm(batches, desc=f"pack litgpt/{split}", unit=" files", mininterval=10)):
         chunk = np.full(block * per_file, store.eos_id, dtype=np.int64)
-        for j, i in enumerate(perm[k:k + per_file]):
-            chunk[j * block:(j + 1) * block] = row(stream.read, layout, int(i), store.eos_id)[0]
+        for j, i in enumerate(perm[k : k + per_file]):
+            chunk[j * block : (j + 1) * block] = row(stream.read, layout, int(i), store.eos_id)[0]
         with open(out / f"{prefix}_{name}_0_{counter:010d}.bin", "wb") as fh:
             fh.write(HEADER.pack(MAGIC, VERSION, CODES[dtype], chunk.size))
             fh.write(chunk.astype(dtype.newbyteorder("<")).tobytes())
         files += 1
     tail = layout.rows % per_file
-    return {**layout.stats(), "block": block, "files": files, "sequences_per_file": per_file,
-            "file_pad_tokens": (per_file - tail) * block if tail else 0, "dtype": dtype.name, "shuffle": shuffle,
-            "seed": seed}
+    return {
+        **layout.stats(),
+        "block": block,
+        "files": files,
+        "sequences_per_file": per_file,
+        "file_pad_tokens": (per_file - tail) * block if tail else 0,
+        "dtype": dtype.name,
+        "shuffle": shuffle,
+        "seed": seed,
+    }
 
 
 def write(store: TokenStore, out: Path, cfg: dict) -> dict:
     d, seq_len, per = cfg["data"], cfg["train"]["seq_len"], cfg["data"]["litgpt_sequences_per_file"]
     return {
-        "train": write_split(store, "train", out / "train", "train", cfg["run"], seq_len, per, d["remainder"],
-                             d["shuffle"], d["shuffle_seed"]),
-        "val": write_split(store, "val", out / "validation", "validation", cfg["run"], seq_len, per,
-                           d["val_remainder"], False, d["shuffle_seed"]),
+        "train": write_split(
+            store, "train", out / "train", "train", cfg["run"], seq_len, per, d["remainder"], d["shuffle"], d["shuffle_seed"]
+        ),
+        "val": write_split(
+            store, "val", out / "validation", "validation", cfg["run"], seq_len, per, d["val_remainder"], False, d["shuffle_seed"]
+        ),
     }

@@ -36,7 +36,7 @@ def write_split(store: TokenStore, split: str, prefix: Path) -> dict:
                 toks = f.get_slice(f"{split}.tokens")
                 n = toks.get_shape()[0]
                 for a in range(0, n, COPY_TOKENS):
-                    bin_fh.write(toks[a:min(n, a + COPY_TOKENS)].astype(dtype).tobytes())
+                    bin_fh.write(toks[a : min(n, a + COPY_TOKENS)].astype(dtype).tobytes())
                 offsets = f.get_tensor(f"{split}.offsets")  # [0, end of doc 1, ...] within this shard
             idx.seek(at_len)
             at_len += idx.write(np.diff(offsets).astype("<i4").tobytes())
