@@ -80,6 +80,13 @@ def tiny_config(tmp: Path, **sections) -> dict:
     return cfgmod.validate(merge(base, sections), whole=False)  # backend checks: tested on their own
 
 
+def torch_train_args(cfg, init, view, ckpt, metrics, final) -> list[str]:
+    """`llmpipe torch-train` arguments (cfg: a dict, or JSON text as it is)."""
+    text = cfg if isinstance(cfg, str) else json.dumps(cfg)
+    paths = {"--init": init, "--data": view, "--checkpoints": ckpt, "--metrics": metrics, "--out": final}
+    return ["torch-train", "--config", text, *(x for flag, path in paths.items() for x in (flag, str(path)))]
+
+
 def write_jsonl(path: Path, docs: list[str]) -> Path:
     path.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
     return path

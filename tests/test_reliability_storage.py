@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, torch_train_args
 
 
 def cli(args, prefix=()):
@@ -99,21 +99,7 @@ def commands(prepared, out):
             "--out",
             str(out / "views" / "hf"),
         ],
-        "train": [
-            "torch-train",
-            "--config",
-            cfg,
-            "--init",
-            str(prepared["init"]),
-            "--data",
-            str(prepared["view"]),
-            "--checkpoints",
-            str(out / "ckpt"),
-            "--metrics",
-            str(out / "metrics.jsonl"),
-            "--out",
-            str(out / "final"),
-        ],
+        "train": torch_train_args(cfg, prepared["init"], prepared["view"], out / "ckpt", out / "metrics.jsonl", out / "final"),
     }
 
 

@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import load_file
 
 from llmpipe.train import checkpoint as ckpt
-from tests.conftest import REPO, merge
+from tests.conftest import REPO, merge, torch_train_args
 
 pytestmark = pytest.mark.slow
 
@@ -30,21 +30,7 @@ OVER = {"train": {"save_interval": 2, "keep_checkpoints": 2}}
 
 
 def train_cmd(prepared, cfg, out):
-    return [
-        "torch-train",
-        "--config",
-        json.dumps(cfg),
-        "--init",
-        str(prepared["init"]),
-        "--data",
-        str(prepared["view"]),
-        "--checkpoints",
-        str(out / "ckpt"),
-        "--metrics",
-        str(out / "metrics.jsonl"),
-        "--out",
-        str(out / "final"),
-    ]
+    return torch_train_args(cfg, prepared["init"], prepared["view"], out / "ckpt", out / "metrics.jsonl", out / "final")
 
 
 def run(cmd, **kw):

@@ -18,7 +18,7 @@ import yaml
 from safetensors.torch import load_file
 
 from llmpipe.dag import dry_run_jobs  # (rule, resources, threads) of every job a dry run lists
-from tests.conftest import REPO, REPO_IGNORE
+from tests.conftest import REPO, REPO_IGNORE, torch_train_args
 
 pytestmark = pytest.mark.slurm
 
@@ -255,19 +255,14 @@ def test_scancel_mid_training_is_retried_and_resumes_bit_exactly(slurm, pipeline
             sys.executable,
             "-m",
             "llmpipe",
-            "torch-train",
-            "--config",
-            json.dumps(config),
-            "--init",
-            str(run / "checkpoints" / "init"),
-            "--data",
-            str(run / "data" / "views" / "hf"),
-            "--checkpoints",
-            str(ref / "ckpt"),
-            "--metrics",
-            str(ref / "metrics.jsonl"),
-            "--out",
-            str(ref / "final"),
+            *torch_train_args(
+                config,
+                run / "checkpoints" / "init",
+                run / "data" / "views" / "hf",
+                ref / "ckpt",
+                ref / "metrics.jsonl",
+                ref / "final",
+            ),
         ],
         cwd=work,
         check=True,

@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from llmpipe.io import dumps, write_json
+from tests.conftest import torch_train_args
 
 
 def test_write_json_is_strict_and_flags_what_it_nulled(tmp_path):
@@ -98,19 +99,7 @@ def test_a_batch_larger_than_the_data_warns_in_plan_and_training_log(tmp_path, p
             sys.executable,
             "-m",
             "llmpipe",
-            "torch-train",
-            "--config",
-            json.dumps(cfg),
-            "--init",
-            str(prepared["init"]),
-            "--data",
-            str(prepared["view"]),
-            "--checkpoints",
-            str(tmp_path / "ck"),
-            "--metrics",
-            str(tmp_path / "m.jsonl"),
-            "--out",
-            str(tmp_path / "final"),
+            *torch_train_args(cfg, prepared["init"], prepared["view"], tmp_path / "ck", tmp_path / "m.jsonl", tmp_path / "final"),
         ],
         capture_output=True,
         text=True,

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import merge
+from tests.conftest import merge, torch_train_args
 
 
 def run_train(prepared, tmp, name, cfg_over=None, stop_after=None, nproc=1, expect_ok=True):
@@ -20,21 +20,7 @@ def run_train(prepared, tmp, name, cfg_over=None, stop_after=None, nproc=1, expe
         if nproc == 1
         else [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "llmpipe"]
     )
-    cmd = launcher + [
-        "torch-train",
-        "--config",
-        json.dumps(cfg),
-        "--init",
-        str(prepared["init"]),
-        "--data",
-        str(prepared["view"]),
-        "--checkpoints",
-        str(out / "ckpt"),
-        "--metrics",
-        str(out / "metrics.jsonl"),
-        "--out",
-        str(out / "final"),
-    ]
+    cmd = launcher + torch_train_args(cfg, prepared["init"], prepared["view"], out / "ckpt", out / "metrics.jsonl", out / "final")
     if stop_after:
         cmd += ["--stop-after", str(stop_after)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)

@@ -14,29 +14,13 @@ from safetensors.torch import load_file
 
 from llmpipe import config as cfgmod
 from llmpipe.train import checkpoint as ckpt
-from tests.conftest import merge
+from tests.conftest import merge, torch_train_args
 
 
 def run_train(prepared, tmp, over, name, stop_after=None):
     cfg = cfgmod.validate(merge(prepared["cfg"], over))
-    args = [
-        sys.executable,
-        "-m",
-        "llmpipe",
-        "torch-train",
-        "--config",
-        json.dumps(cfg),
-        "--init",
-        str(prepared["init"]),
-        "--data",
-        str(prepared["view"]),
-        "--checkpoints",
-        str(tmp / f"{name}-ck"),
-        "--metrics",
-        str(tmp / f"{name}.jsonl"),
-        "--out",
-        str(tmp / f"{name}-final"),
-    ]
+    paths = (tmp / f"{name}-ck", tmp / f"{name}.jsonl", tmp / f"{name}-final")
+    args = [sys.executable, "-m", "llmpipe", *torch_train_args(cfg, prepared["init"], prepared["view"], *paths)]
     if stop_after:
         args += ["--stop-after", str(stop_after)]
     return subprocess.run(args, capture_output=True, text=True, timeout=600)
