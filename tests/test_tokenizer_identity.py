@@ -16,6 +16,10 @@ def llmpipe(*args):
     return subprocess.run([sys.executable, "-m", "llmpipe", *args], cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
+def evaluate(cfg, model, view, out):
+    return llmpipe("evaluate", "--config", cfg, "--model", str(model), "--data", str(view), "--out", str(out), "--threads", "1")
+
+
 def edited_copy(folder, dest):
     """The tokenizer folder with one merge rule less in tokenizer.json (a real, loadable other tokenizer)."""
     shutil.copytree(folder, dest)
@@ -62,35 +66,11 @@ def test_export_and_evaluate_refuse_another_tokenizer(prepared, tmp_path):
     )
     assert ok.returncode == 0, ok.stderr[-2000:]
     assert tokenizer_sha256(tmp_path / "hf") == recorded  # shipped byte for byte
-    scored = llmpipe(
-        "evaluate",
-        "--config",
-        cfg,
-        "--model",
-        str(tmp_path / "hf"),
-        "--data",
-        str(prepared["view"]),
-        "--out",
-        str(tmp_path / "eval.json"),
-        "--threads",
-        "1",
-    )
+    scored = evaluate(cfg, tmp_path / "hf", prepared["view"], tmp_path / "eval.json")
     assert scored.returncode == 0, scored.stderr[-2000:]
     assert json.loads((tmp_path / "eval.json").read_text())["tokens"] > 0
 
     shutil.copy(other / "tokenizer.json", tmp_path / "hf" / "tokenizer.json")  # the exported folder edited later
-    refused = llmpipe(
-        "evaluate",
-        "--config",
-        cfg,
-        "--model",
-        str(tmp_path / "hf"),
-        "--data",
-        str(prepared["view"]),
-        "--out",
-        str(tmp_path / "eval-bad.json"),
-        "--threads",
-        "1",
-    )
+    refused = evaluate(cfg, tmp_path / "hf", prepared["view"], tmp_path / "eval-bad.json")
     assert refused.returncode != 0 and not (tmp_path / "eval-bad.json").exists()
     assert recorded in refused.stderr and changed in refused.stderr and "llmpipe evaluate: " in refused.stderr

@@ -183,7 +183,7 @@ def run_locked(cmd: list[str], env: dict, folder: str) -> int:
     that started us dies or the lease is lost; the exit code is the command's."""
     from llmpipe.train.lock import LockHeld, TrainerLock, alive, snakemake_ancestor
 
-    lock = TrainerLock(folder, what=f"training ({shlex.join(cmd[-6:])})")
+    lock = TrainerLock(folder)
     try:
         lock.acquire()
     except LockHeld as exc:

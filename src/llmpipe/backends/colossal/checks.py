@@ -33,19 +33,11 @@ def problems(cfg: dict) -> list[str]:
 
 def layout_problems(cfg: dict) -> list[str]:
     plugin = cfg["colossal"]["plugin"]
+    checkpointing = [True, False]  # no selective recompute here
     if plugin == "3d":
-        return refuse(cfg, "colossal (plugin 3d)", {"zero": [0, 1, 2], "activation_checkpointing": [True, False]})
-    out = refuse(
-        cfg,
-        f"colossal (plugin {plugin})",
-        {"tp": [1], "pp": [1], "zero": [PLUGIN_ZERO[plugin]], "activation_checkpointing": [True, False]},
-    )
-    return [
-        f"{line}; parallel.tp / pp / a chosen zero need colossal.plugin 3d"
-        if "'parallel.tp'" in line or "'parallel.pp'" in line
-        else line
-        for line in out
-    ]
+        return refuse(cfg, "colossal (plugin 3d)", {"zero": [0, 1, 2], "activation_checkpointing": checkpointing})
+    allowed = {"tp": [1], "pp": [1], "zero": [PLUGIN_ZERO[plugin]], "activation_checkpointing": checkpointing}
+    return refuse(cfg, f"colossal (plugin {plugin}; tp, pp and a chosen zero need plugin 3d)", allowed)
 
 
 def launcher_problems(cfg: dict) -> list[str]:
