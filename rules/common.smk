@@ -12,6 +12,7 @@ from llmpipe.config import ConfigError, validate
 from llmpipe.data.mixture import paths as source_paths
 from llmpipe.data.readers import HF_PREFIX
 from llmpipe.data.tokenizer import TOKENIZER_FILES
+from llmpipe.data.tokenize import num_jobs as tokenize_jobs
 from llmpipe.hub import is_hub_ref
 from llmpipe.train.resume import changed_settings
 from llmpipe.data.sources import expand_sources, stat_digest
@@ -35,7 +36,7 @@ if BACKEND in ("torch", "colossal"):  # before Snakemake deletes the old model t
     _changed = changed_settings(config, Path(RUN) / "checkpoints" / BACKEND, config["run"])
     if _changed:
         raise WorkflowError(_changed)
-SHARDS = [f"{i:05d}" for i in range(config["data"]["num_shards"])]
+TOKENIZE_JOBS = [f"{j:05d}" for j in range(tokenize_jobs(config["data"]))]  # each writes data.shards_per_job shards
 VIEWS = config["data"]["views"]
 # Every job runs `python -m llmpipe` from this checkout (no install needed inside conda envs).
 # Paths and config values reach the shell only quoted (`:q` in every rule, shlex.quote here).

@@ -1,4 +1,4 @@
-# sources -> tokenizer -> token store (tokenize: one job per shard; token_store: gather)
+# sources -> tokenizer -> token store (tokenize: jobs of data.shards_per_job shards; token_store: gather)
 # -> views (hf, litgpt, megatron) -> verify (token conservation, stats with sha256 of every file).
 
 
@@ -40,22 +40,22 @@ rule tokenize:
         sources=f"{RUN}/data/sources.json",
         tokenizer=f"{RUN}/tokenizer",
     output:
-        f"{RUN}/data/tokens/shard-{{index}}.safetensors",
+        directory(f"{RUN}/data/tokens/job-{{job}}"),  # its shard-XXXXX.safetensors, written in parallel
     log:
-        f"{RUN}/logs/tokenize/shard-{{index}}.log",
+        f"{RUN}/logs/tokenize/job-{{job}}.log",
     conda:
         "../envs/torch.yaml"
     threads: 1
     params:
         cfg=cfg_json("data", "tokenizer.backend"),
     shell:
-        "python -m llmpipe tokenize --config {params.cfg:q} --sources {input.sources:q} --shard {wildcards.index:q}"
+        "python -m llmpipe tokenize --config {params.cfg:q} --sources {input.sources:q} --job {wildcards.job:q}"
         " --tokenizer {input.tokenizer:q} --threads {threads} --out {output:q} > {log:q} 2>&1"
 
 
 rule token_store:
     input:
-        shards=expand(f"{RUN}/data/tokens/shard-{{index}}.safetensors", index=SHARDS),
+        shards=expand(f"{RUN}/data/tokens/job-{{job}}", job=TOKENIZE_JOBS),
         sources=f"{RUN}/data/sources.json",
     output:
         f"{RUN}/data/tokens/manifest.json",

@@ -14,6 +14,7 @@ import yaml
 
 from llmpipe import config as cfgmod
 from llmpipe import dag, parallelism, profiles
+from llmpipe.data.tokenize import num_jobs as tokenize_jobs
 from llmpipe.plan import build
 from tests.conftest import REPO, REPO_IGNORE
 from tests.test_dry_run import NO_NETWORK, OFFLINE_ENV
@@ -304,7 +305,7 @@ def test_planning_dag_labels_say_what_each_rule_asks_for(trn1_dag):
     assert train[2] == f"plan: {cfg['train']['max_steps']:,} steps x {cfg['train']['global_batch_size'] * 4096:,} tokens"
     assert train[3].startswith(f"trn1.32xlarge x {nodes}: ") and f"${plan['hardware'][0]['cost_usd']:,.0f}" in train[3]
     assert result["labels"]["download_model"] == ["1 job(s) on the submit host"]
-    assert result["labels"]["tokenize"][0] == f"{cfg['data']['num_shards']} job(s)"
+    assert result["labels"]["tokenize"][0] == f"{tokenize_jobs(cfg['data'])} job(s)"
     assert ("download_model", "tokenizer") in result["edges"] and ("train_neuron", "neuron_merge") in result["edges"]
 
 

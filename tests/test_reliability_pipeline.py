@@ -162,7 +162,7 @@ def test_kill_9_during_data_stage_then_rerun_is_byte_identical(clean, tmp_path, 
     # The kill can land just after the stage's last job finished (the data stages are fast): then the
     # stage must not rerun; otherwise Snakemake marked its job incomplete and must rerun it.
     outputs = {
-        "tokenize": [run / "data" / "tokens" / f"shard-{i:05d}.safetensors" for i in range(2)],
+        "tokenize": [run / "data" / "tokens" / f"job-{i:05d}" / f"shard-{i:05d}.safetensors" for i in range(2)],
         "pack": [run / "data" / "views" / v / "view.json" for v in ("hf", "litgpt")],
     }[stage]
     interrupted = not all(o.exists() for o in outputs)
@@ -172,7 +172,7 @@ def test_kill_9_during_data_stage_then_rerun_is_byte_identical(clean, tmp_path, 
     # file whose tokens hash to what its metadata says, and no view folder lacks its view.json.
     from safetensors import safe_open
 
-    for shard in (run / "data" / "tokens").glob("shard-*.safetensors"):
+    for shard in (run / "data" / "tokens").rglob("shard-*.safetensors"):
         with safe_open(str(shard), framework="numpy") as f:
             meta = f.metadata()
             for split in ("train", "val"):

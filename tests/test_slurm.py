@@ -125,7 +125,7 @@ def test_pipeline_runs_one_slurm_job_per_rule_instance(pipeline):
     expected = collections.Counter(rule for rule, _, _ in pipeline["plan"] if rule != "all")
     assert collections.Counter(rule for rule, _ in logs.values()) == expected
     shards = sorted(wc for rule, wc in logs.values() if rule == "tokenize")
-    assert len(shards) == 2 and len(set(shards)) == 2, shards  # the scatter: one Slurm job per shard
+    assert len(shards) == 2 and len(set(shards)) == 2, shards  # the scatter: 2 shards, one a job (data.shards_per_job auto)
     # the profile's resources reached sbatch: train_torch mem 4000 MB / 60 min, 2 CPUs (= threads)
     train = [j for j in jobs if logs[j["JobId"]][0] == "train_torch"]
     assert len(train) == 1 and train[0]["TimeLimit"] == "60", train
@@ -323,7 +323,9 @@ def test_trn1_profile_resources_per_rule_and_config_overrides(tmp_path):
             "slurm_extra": "--exclusive",
         }
     tokenize = [(r, t) for rule, r, t in jobs if rule == "tokenize"]
-    assert len(tokenize) == 2 and all(t == 4 and r["mem_mb"] == "16000" and r["runtime"] == "240" for r, t in tokenize)
+    prof = yaml.safe_load((REPO / "profiles/slurm-trn1/config.v8+.yaml").read_text())
+    want = (prof["set-threads"]["tokenize"], str(prof["set-resources"]["tokenize"]["mem_mb"]), "240")
+    assert len(tokenize) == 2 and all((t, r["mem_mb"], r["runtime"]) == want for r, t in tokenize), tokenize
 
     over = tmp_path / "o.yaml"
     over.write_text(
@@ -386,3 +388,40 @@ def test_unknown_rule_in_resources_is_named(tmp_path):
     )
     assert proc.returncode != 0
     assert "unknown rule(s) under 'resources': tokenise" in proc.stdout + proc.stderr
+
+
+def test_tokenize_shards_are_batched_into_few_sbatch_jobs(slurm, tmp_path):
+    """8 shards, 4 a job: 2 sbatch submissions for tokenize, each running its shards in 2 worker processes
+    at once; the store equals the one written one shard a job (run locally)."""
+    work = tmp_path / "repo"
+    shutil.copytree(REPO, work, ignore=SKIP)
+    store = "data/tokens/manifest.json"
+    grouped = overlay(work, "grouped", {"data": {"num_shards": 8, "shards_per_job": 4}})
+    proc = snakemake(work, f"results/default/{store}", "--configfile", grouped, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    jobs, logs = jobcomp(run_id(proc.stdout + proc.stderr)), slurm_logs(work)
+    tokenize = [j for j in jobs if logs[j["JobId"]][0] == "tokenize"]
+    assert len(tokenize) == 2 and all(j["Tres"].startswith("cpu=2,") for j in tokenize), tokenize
+    for job in range(2):
+        text = (work / f"results/default/logs/tokenize/job-{job:05d}.log").read_text()
+        done = [
+            (int(s), int(p), float(a), float(b))
+            for s, p, a, b in re.findall(r"shard (\d+) written by pid (\d+) from (\S+) to (\S+)", text)
+        ]
+        assert sorted(s for s, *_ in done) == list(range(4 * job, 4 * job + 4)), text[-2000:]
+        spans = {p: (min(a for _, q, a, _ in done if q == p), max(b for _, q, _, b in done if q == p)) for _, p, _, _ in done}
+        assert len(spans) == 2, spans  # two worker processes ...
+        (a0, b0), (a1, b1) = spans.values()
+        assert a0 < b1 and a1 < b0, spans  # ... working at the same time
+
+    single = overlay(work, "single", {"results_dir": "ref", "data": {"num_shards": 8, "shards_per_job": 1}})
+    proc = snakemake(work, f"ref/default/{store}", "--configfile", single, profile="local", timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.count("rule tokenize:") + proc.stderr.count("rule tokenize:") == 8
+    ours, ref = (json.loads((work / r / "default" / store).read_text()) for r in ("results", "ref"))
+    assert [e["file"] for e in ours["shards"]] == [f"job-{i // 4:05d}/shard-{i:05d}.safetensors" for i in range(8)]
+    assert [e["file"] for e in ref["shards"]] == [f"job-{i:05d}/shard-{i:05d}.safetensors" for i in range(8)]
+    assert ours["fingerprint"] == ref["fingerprint"] and ours["totals"] == ref["totals"]
+    for a, b in zip(ours["shards"], ref["shards"]):
+        ta = (work / "results/default/data/tokens" / a["file"]).read_bytes()
+        assert ta == (work / "ref/default/data/tokens" / b["file"]).read_bytes(), a["file"]

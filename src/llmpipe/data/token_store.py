@@ -1,6 +1,6 @@
 """Token store (gather): the canonical tokens, written once by the tokenize shards, indexed by manifest.json.
 
-Layout of <store>/: shard-XXXXX.safetensors (see tokenize.py) + manifest.json (shard order, counts,
+Layout of <store>/: [job-XXXXX/]shard-XXXXX.safetensors (see tokenize.py) + manifest.json (shard order, counts,
 read stats, tokenizer fingerprint, the sources key, a content fingerprint). Every view is built from
 this store through `TokenStore.split(name)`, a random-access view of one split's token stream.
 """
@@ -34,8 +34,9 @@ def build_manifest(shards: list[str | Path], out: str | Path, sources_key: str |
     read = ReadStats()
     by_source: dict = {}
     digest = hashlib.sha256((sources_key or "").encode())
+    root = out.parent.resolve()
     for path in shards:
-        if path.parent.resolve() != out.parent.resolve():
+        if not path.resolve().is_relative_to(root):
             raise ValueError(f"token shard {path} is not inside the store folder {out.parent}")
         with safe_open(str(path), framework="numpy") as f:
             meta = f.metadata()
@@ -53,10 +54,14 @@ def build_manifest(shards: list[str | Path], out: str | Path, sources_key: str |
             for k in ("documents", "tokens"):
                 totals[split][k] += counts[split][k]
         read.add(json.loads(meta["read"]))
-        entries.append(
-            {"file": path.name, "counts": counts, "encoder": meta["encoder"], "sha256": {s: meta[f"sha256.{s}"] for s in SPLITS}}
-        )
-        digest.update(json.dumps(entries[-1], sort_keys=True).encode())
+        entry = {
+            "file": path.name,
+            "counts": counts,
+            "encoder": meta["encoder"],
+            "sha256": {s: meta[f"sha256.{s}"] for s in SPLITS},
+        }
+        digest.update(json.dumps(entry, sort_keys=True).encode())  # the shard's name, not the job folder it is in
+        entries.append({**entry, "file": path.resolve().relative_to(root).as_posix()})
     manifest = {
         "format": FORMAT,
         "tokenizer": {
@@ -132,11 +137,25 @@ class TokenStore:
         return s.read(0, s.size)
 
 
+def shard_files(paths: list[str]) -> list[Path]:
+    """Shard files in store order: a folder (one tokenize job's output) stands for its shards, sorted."""
+    out = []
+    for path in map(Path, paths):
+        if path.is_dir():
+            found = sorted(path.glob("shard-*.safetensors"), key=lambda f: int(f.name[6:].split(".")[0]))  # 99999 < 100000
+            if not found:
+                raise ValueError(f"tokenize job folder {path} holds no shard-*.safetensors")
+            out.extend(found)
+        else:
+            out.append(path)
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="llmpipe token-store", description=__doc__)
-    p.add_argument("--shards", nargs="+", required=True, help="token shards, in order")
+    p.add_argument("--shards", nargs="+", required=True, help="token shards, or tokenize job folders of them, in order")
     p.add_argument("--sources", help="sources.json (its key goes into the fingerprint)")
     p.add_argument("--out", required=True, help="manifest.json to write (beside the shards)")
     args = p.parse_args(argv)
     key = json.loads(Path(args.sources).read_text())["key"] if args.sources else None
-    build_manifest(args.shards, args.out, key, mixture.load(args.sources) if args.sources else None)
+    build_manifest(shard_files(args.shards), args.out, key, mixture.load(args.sources) if args.sources else None)

@@ -1,0 +1,77 @@
+"""Token-store shards grouped into tokenize jobs (data.shards_per_job): any shard count up to 1,000,000,
+a job's shards written in parallel worker processes, and a store that does not depend on the grouping.
+The Slurm side (N shards -> few sbatch calls, parallel inside one allocation) is in test_slurm.py."""
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from llmpipe import config as cfgmod
+from llmpipe.data.token_store import build_manifest, shard_files
+from llmpipe.data.tokenize import job_shards, num_jobs, shards_per_job, tokenize_job
+from tests.conftest import REPO, corpus_docs, tiny_config, write_jsonl
+
+
+@pytest.mark.parametrize(
+    "shards,per_job", [(1, None), (64, None), (65, None), (10_000, None), (100_000, None), (7, 3), (100_001, 1000)]
+)
+def test_jobs_cover_every_shard_once(shards, per_job):
+    d = {"num_shards": shards, "shards_per_job": per_job}
+    covered = [i for j in range(num_jobs(d)) for i in job_shards(d, j)]
+    assert covered == list(range(shards))
+    assert per_job is not None or num_jobs(d) <= 64
+    assert job_shards(d, num_jobs(d)) == range(0) and len(job_shards(d, 0)) == shards_per_job(d)
+
+
+def test_config_takes_100000_shards(tmp_path):
+    cfg = tiny_config(tmp_path, data={"num_shards": 100_000})
+    assert cfg["data"]["num_shards"] == 100_000 and cfg["data"]["shards_per_job"] is None
+    with pytest.raises(cfgmod.ConfigError, match="shards_per_job"):
+        tiny_config(tmp_path, data={"shards_per_job": 0})
+
+
+def test_job_folder_lists_shards_in_number_order(tmp_path):
+    for i in (99_998, 100_000, 99_999, 100_001):
+        (tmp_path / f"shard-{i:05d}.safetensors").touch()
+    assert [f.name for f in shard_files([str(tmp_path)])] == [f"shard-{i:05d}.safetensors" for i in range(99_998, 100_002)]
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="empty"):
+        shard_files([str(tmp_path / "empty")])
+
+
+def test_grouped_jobs_write_the_same_store_as_one_shard_a_job(tmp_path):
+    from llmpipe.data.get_data import get_data
+    from llmpipe.data.tokenizer import copy_tokenizer
+
+    write_jsonl(tmp_path / "corpus.jsonl", corpus_docs(40))
+    tok = tmp_path / "tok"
+    copy_tokenizer(REPO / "data" / "tokenizers" / "gpt2", tok)
+    stores = {}
+    for per_job, threads in ((1, 1), (3, 2)):
+        cfg = tiny_config(tmp_path, data={"num_shards": 5, "shards_per_job": per_job}, tokenizer={"source": str(tok)})
+        get_data(cfg["data"], tmp_path / "sources.json")
+        root = tmp_path / f"store-{per_job}"
+        jobs = [root / f"job-{j:05d}" for j in range(num_jobs(cfg["data"]))]
+        for j, folder in enumerate(jobs):
+            tokenize_job(cfg, str(tmp_path / "sources.json"), j, str(tok), folder, threads)
+        stores[per_job] = build_manifest(shard_files([str(f) for f in jobs]), root / "manifest.json")
+    one, grouped = stores[1], stores[3]
+    assert [e["file"] for e in grouped["shards"]] == [f"job-{i // 3:05d}/shard-{i:05d}.safetensors" for i in range(5)]
+    assert grouped["fingerprint"] == one["fingerprint"] and grouped["totals"] == one["totals"]
+    assert grouped["totals"]["train"]["tokens"] > 0
+    for a, b in zip(one["shards"], grouped["shards"]):
+        assert (tmp_path / "store-1" / a["file"]).read_bytes() == (tmp_path / "store-3" / b["file"]).read_bytes()
+
+
+def test_dry_run_with_100000_shards_plans_64_tokenize_jobs(tmp_path):
+    over = tmp_path / "o.yaml"
+    over.write_text(json.dumps({"results_dir": str(tmp_path / "r"), "data": {"num_shards": 100_000}}))
+    cmd = [sys.executable, "-m", "snakemake", "-n", "--profile", "profiles/local", "--configfile", str(over)]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("rule tokenize:") == 64
+    jobs = sorted(int(x) for x in re.findall(r"tokens/job-(\d+)\b", proc.stdout))
+    assert set(jobs) == set(range(64))
