@@ -1,4 +1,5 @@
 # Config layers and validation (before any job), run paths, backend selection, the llmpipe command.
+import functools
 import json
 import os
 import shlex
@@ -16,6 +17,7 @@ from llmpipe.data.tokenize import num_jobs as tokenize_jobs
 from llmpipe.hub import is_hub_ref
 from llmpipe.train.resume import changed_settings
 from llmpipe.data.sources import expand_sources, stat_digest
+from llmpipe.data.remote_keys import digest as remote_digest, is_remote, remote_identities
 
 # defaults < preset < the profile's llmpipe.yaml < your --configfile / --config (llmpipe/profiles.py)
 try:
@@ -75,6 +77,28 @@ def corpus_stat(wildcards):
     """A digest of the user's local corpus files' size, mtime, ctime and inode (an edit that restores the
     mtime still changes it: llmpipe.data.sources.stat_digest). Files this workflow writes are left out."""
     return stat_digest(local_corpus()[1])
+
+
+@functools.cache
+def remote_sources():
+    """Identity of the remote sources now (ETag / version id; Hub commit), asked once per planning."""
+    ids, warnings = remote_identities(
+        source_paths(config["data"]["sources"]), config["data"], config["hub"]["datasets"], config["hub"]["endpoint"]
+    )
+    for warning in warnings:
+        print(f"llmpipe: warning: {warning}", file=sys.stderr)
+    return ids
+
+
+def corpus_remote(wildcards):
+    """A digest of remote_sources(): an overwritten object or a moved Hub revision reruns get_data."""
+    return remote_digest(remote_sources()) if any(map(is_remote, source_paths(config["data"]["sources"]))) else ""
+
+
+def dataset_commit(wildcards):
+    """The commit a hub.datasets entry's revision points to now: a moved branch downloads again."""
+    (spec,) = [d for d in config["hub"]["datasets"] if d["name"] == wildcards.name]
+    return next((x.get("commit") or "" for x in remote_sources() if x.get("hub") == spec["id"]), "")
 
 
 def tokenizer_inputs(wildcards):

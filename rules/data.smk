@@ -14,6 +14,7 @@ rule get_data:
     params:
         cfg=cfg_json("data"),
         files=corpus_stat,  # size, mtime, ctime, inode: an edit that keeps the mtime still reruns it
+        remote=corpus_remote,  # ETag / version id of objects, commit of Hub datasets, as listed now
     shell:
         "python -m llmpipe get-data --config {params.cfg:q} --out {output:q} > {log:q} 2>&1"
 

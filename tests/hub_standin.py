@@ -110,9 +110,9 @@ class StandInHub:
                 self._record()
                 url = urlparse(self.path)
                 path = unquote(url.path)
-                m = re.match(r"^/api/(model|dataset)s/([^/]+/[^/]+)/revision/(.+)$", path)
+                m = re.match(r"^/api/(model|dataset)s/([^/]+/[^/]+)(?:/revision/(.+))?$", path)
                 if m:
-                    repo, sha = self._repo(m[1], m[2], m[3])
+                    repo, sha = self._repo(m[1], m[2], m[3] or "main")  # no revision: the default branch
                     if repo:
                         files = repo.commits[sha]
                         self._json(

@@ -1,0 +1,118 @@
+"""Remote sources are keyed by what they are now: an S3 object overwritten on a real moto server (same
+key, same size) makes `snakemake -n` rerun get_data, tokenize and the store; a Hub dataset's moved branch
+changes its key (Hub stand-in, tests/hub_standin.py); an unreachable source is named in a warning."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from llmpipe.data.remote_keys import digest, remote_identities
+from tests.conftest import GPT2, REPO, corpus_docs
+from tests.hub_standin import Repo, StandInHub
+
+STORE = "data/tokens/manifest.json"
+
+
+def jsonl(docs: list[str]) -> bytes:
+    return "".join(json.dumps({"text": d}) + "\n" for d in docs).encode()
+
+
+@pytest.fixture
+def s3(monkeypatch):
+    boto3 = pytest.importorskip("boto3")
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    host, port = server.get_host_and_port()
+    env = {
+        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    client = boto3.client("s3")
+    client.create_bucket(Bucket="corpus")
+    yield client
+    server.stop()
+
+
+def snakemake(tmp_path, *args):
+    over = tmp_path / "over.json"
+    over.write_text(
+        json.dumps(
+            {
+                "results_dir": str(tmp_path / "r"),
+                "data": {"sources": ["s3://corpus/part.{1..2}.jsonl"], "num_shards": 2},
+                "tokenizer": {"source": str(GPT2)},
+            }
+        )
+    )
+    cmd = [sys.executable, "-m", "snakemake", "--profile", "profiles/local", *args, "--configfile", str(over)]
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, env=dict(os.environ))
+
+
+def planned(proc) -> set[str]:
+    return set(re.findall(r"^(\w+)\s+\d+$", proc.stdout, re.M)) - {"total", "job"}
+
+
+def test_overwritten_s3_object_reruns_data_stages(s3, tmp_path):
+    docs = corpus_docs(12)
+    for i in (1, 2):
+        s3.put_object(Bucket="corpus", Key=f"part.{i}.jsonl", Body=jsonl(docs[(i - 1) * 6 : i * 6]))
+    target = str(tmp_path / "r" / "default" / STORE)
+    proc = snakemake(tmp_path, target)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    first = json.loads((tmp_path / "r" / "default" / STORE).read_text())
+    proc = snakemake(tmp_path, "-n", target)
+    assert proc.returncode == 0 and planned(proc) == set(), proc.stdout[-2000:]
+
+    old = jsonl(docs[6:12])
+    new = jsonl(docs[6:11] + [docs[11].replace("e", "E", 1)])  # other bytes, same key and size
+    assert len(new) == len(old) and new != old
+    s3.put_object(Bucket="corpus", Key="part.2.jsonl", Body=new)
+    proc = snakemake(tmp_path, "-n", target)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert {"get_data", "tokenize", "token_store"} <= planned(proc), proc.stdout[-2000:]
+    proc = snakemake(tmp_path, target)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    second = json.loads((tmp_path / "r" / "default" / STORE).read_text())
+    assert second["fingerprint"] != first["fingerprint"]  # the store now holds the new object's tokens
+    assert second["totals"]["train"]["documents"] + second["totals"]["val"]["documents"] == 12
+
+
+def test_moved_hub_branch_changes_the_key_and_a_pinned_commit_needs_no_network(monkeypatch):
+    repo = Repo()
+    first = repo.commit({"data.jsonl": b"one"}, ref="main")
+    with StandInHub() as hub:
+        hub.repos[("dataset", "org/corpus")] = repo
+        ids, warnings = remote_identities(["hf:org/corpus"], {"hf_revision": None}, [], hub.url)
+        assert warnings == [] and ids == [{"hub": "org/corpus", "revision": None, "commit": first}]
+        second = repo.commit({"data.jsonl": b"two"}, ref="main")
+        moved, _ = remote_identities(["hf:org/corpus"], {"hf_revision": None}, [], hub.url)
+        assert moved[0]["commit"] == second and digest(moved) != digest(ids)
+        # hub.datasets entries are keyed the same way (rule download_dataset's params)
+        ds, _ = remote_identities([], {}, [{"name": "c", "id": "org/corpus", "revision": "main"}], hub.url)
+        assert ds[0]["commit"] == second
+        n = len(hub.requests)
+        pinned, warnings = remote_identities(["hf:org/corpus"], {"hf_revision": first}, [], hub.url)
+        assert pinned[0]["commit"] == first and len(hub.requests) == n and not warnings
+
+
+def test_unreachable_sources_are_named_in_a_warning(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    ids, warnings = remote_identities(["hf:org/corpus"], {"hf_revision": "main"}, [], None)
+    assert ids == [{"hub": "org/corpus", "revision": "main"}]
+    assert len(warnings) == 1 and "org/corpus@main" in warnings[0] and "will not rerun get_data" in warnings[0]
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens there
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    ids, warnings = remote_identities(["s3://nowhere/x.jsonl"], {}, [], None)
+    assert ids == [{"source": "s3://nowhere/x.jsonl"}] and "s3://nowhere/x.jsonl" in warnings[0]
