@@ -659,7 +659,31 @@ def build(
         log.warning(
             "%s holds %d parameters, the Llama formula gives %d: using the checkpoint's count", source, counted, parameters(shape)
         )
-    return make_plan(cfg, shape, n_params, data, hardware, source)
+    plan = make_plan(cfg, shape, n_params, data, hardware, source)
+    if warning := decompress_warning(cfg["data"]):
+        plan["warnings"].append(warning)
+    return plan
+
+
+def decompress_warning(d: dict) -> str | None:
+    """With fewer sources than data.num_shards every tokenize job reads every source; a compressed one
+    (no byte ranges to skip to) is then decompressed whole by every job."""
+    from llmpipe.data.mixture import paths
+    from llmpipe.data.readers import HF_PREFIX, _compression
+    from llmpipe.data.sources import expand_sources
+
+    try:
+        sources = expand_sources(paths(d["sources"]))
+    except (OSError, ValueError):  # not there yet: get-data names it
+        return None
+    packed = [s for s in sources if not s.startswith(HF_PREFIX) and _compression(s)]
+    if not packed or len(sources) >= d["num_shards"]:
+        return None
+    return (
+        f"{len(sources)} source(s) for data.num_shards {d['num_shards']}: each of the {d['num_shards']} tokenize jobs "
+        f"decompresses all of {', '.join(packed[:3])}{' ...' if len(packed) > 3 else ''}; split the corpus into at least "
+        f"{d['num_shards']} files, or lower data.num_shards (docs/data.md, Sharding)"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

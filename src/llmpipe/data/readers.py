@@ -4,7 +4,6 @@ Hugging Face dataset ("hf:<id or local folder>"), under an explicit bad-record p
 from __future__ import annotations
 
 import contextlib
-import io
 import logging
 import re
 from collections import Counter
@@ -30,14 +29,32 @@ class BadRecord(ValueError):
         self.reason, self.where = reason, where
 
 
+class BadSource(BadRecord):
+    """A source that cannot be read, whole or from some point on; `where` is the source itself.
+
+    reason: unreadable_source (nothing could be read: a directory, no permission, not gzip/zstd data),
+    damaged_source (reading broke after some records: a truncated or corrupt compressed stream; under
+    on_bad_record: skip the complete records read before the break are kept), empty_source (no records
+    at all: a 0-byte or blank file)."""
+
+
 @dataclass
 class ReadStats:
     documents: int = 0
     bytes: int = 0  # UTF-8 bytes of the documents kept
     skipped: Counter = field(default_factory=Counter)  # reason -> count
     examples: dict = field(default_factory=dict)  # reason -> first few locations
+    # Sources skipped whole or in part (on_bad_record: skip): reason -> {source: message}. A source is counted
+    # once however many shards read it (every shard reads every source when sources < shards).
+    bad_sources: dict = field(default_factory=dict)
 
     def skip(self, err: BadRecord) -> None:
+        if isinstance(err, BadSource):
+            seen = self.bad_sources.setdefault(err.reason, {})
+            if err.where not in seen:
+                seen[err.where] = str(err)
+                log.warning("skipped source (%s) %s", err.reason, err)
+            return
         self.skipped[err.reason] += 1
         shown = self.examples.setdefault(err.reason, [])
         if len(shown) < SHOW_LOCATIONS:
@@ -45,13 +62,18 @@ class ReadStats:
             log.warning("skipped (%s) %s", err.reason, err)
 
     def as_dict(self) -> dict:
-        return {
+        out = {
             "documents": self.documents,
             "bytes": self.bytes,
             "skipped": dict(self.skipped),
             "skipped_total": sum(self.skipped.values()),
             "skipped_examples": self.examples,
         }
+        if self.bad_sources:  # only then: the stats of a clean read keep their exact form
+            out["sources_skipped"] = {reason: len(seen) for reason, seen in self.bad_sources.items()}
+            out["sources_skipped_total"] = len({src for seen in self.bad_sources.values() for src in seen})
+            out["sources_skipped_examples"] = self.bad_sources
+        return out
 
     def add(self, other: dict) -> None:
         self.documents += other["documents"]
@@ -59,6 +81,10 @@ class ReadStats:
         self.skipped.update(other["skipped"])
         for reason, shown in other["skipped_examples"].items():
             self.examples.setdefault(reason, []).extend(shown[: SHOW_LOCATIONS - len(self.examples.get(reason, []))])
+        for reason, seen in other.get("sources_skipped_examples", {}).items():
+            mine = self.bad_sources.setdefault(reason, {})
+            for src, message in seen.items():
+                mine.setdefault(src, message)
 
 
 def _compression(url: str) -> str | None:
@@ -85,9 +111,42 @@ def _open_binary(url: str) -> Iterator:
             with igzip.IGzipFile(fileobj=raw, mode="rb") as fh:
                 yield fh
         else:
-            import zstandard
+            yield _ZstdStream(raw)
 
-            yield io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw))
+
+class _ZstdStream:
+    """Decompressed bytes of a zstd stream of one or more frames; a stream cut inside a frame raises
+    EOFError (zstandard's stream_reader would end there without a word)."""
+
+    def __init__(self, raw, size: int = 1 << 20):
+        import zstandard
+
+        self.raw, self.size, self.new = raw, size, zstandard.ZstdDecompressor().decompressobj
+        self.dobj, self.fed = self.new(), False
+
+    def _more(self) -> bytes | None:
+        """The next decompressed piece (maybe empty); None at the end of the input."""
+        data = self.raw.read(self.size)
+        if not data:
+            if self.fed and not self.dobj.eof:
+                raise EOFError("zstd stream ended inside a frame (truncated file?)")
+            return None
+        out = []
+        while data:
+            if self.dobj.eof:
+                self.dobj = self.new()
+            self.fed = True
+            out.append(self.dobj.decompress(data))
+            data = self.dobj.unused_data if self.dobj.eof else b""
+        return b"".join(out)
+
+    def read(self, size: int = -1) -> bytes:
+        out = []
+        while (piece := self._more()) is not None:
+            out.append(piece)
+            if size >= 0 and piece:
+                break
+        return b"".join(out)
 
 
 BOM = b"\xef\xbb\xbf"
@@ -109,34 +168,137 @@ def _lines(fh, size: int = 1 << 20) -> Iterator[bytes]:
         yield from bytes(buf).splitlines(keepends=True)
 
 
-def _jsonl(url: str, text_field: str, keep=None) -> Iterator[tuple[str, object]]:
-    """`keep(record index)` false: the record is not parsed (yields a placeholder the caller drops)."""
-    index = 0
-    with _open_binary(url) as fh:
-        for lineno, raw in enumerate(_lines(fh), 1):
-            if lineno == 1 and raw.startswith(BOM):  # a UTF-8 byte order mark (Windows editors)
-                raw = raw[len(BOM) :]
-            if not raw.strip():
+# Bytes that bytes.strip() removes: a line of only these is blank (not a record).
+WHITESPACE = b" \t\n\r\x0b\x0c"
+# Internal switch: False reads every record line one by one even when a shard keeps only its own records
+# (the reference path the byte-identity test compares the strided scan with).
+STRIDED_SCAN = True
+STRIDE_BLOCK = 1 << 21  # bytes read at a time by the strided scan
+STRIDE_MIN = 4  # below 4 shards per record-level source, reading each line is as fast
+
+
+def _each_line(lines, keep, pos: list[int], lineno: int = 0) -> Iterator[tuple[int | None, object]]:
+    """(line number, raw line) per record of `lines` whose index `keep` accepts, else (None, 1).
+    pos: [lines, records] reached, kept up to date (error messages name them)."""
+    for raw in lines:
+        lineno += 1
+        pos[0] = lineno
+        if lineno == 1 and raw.startswith(BOM):  # a UTF-8 byte order mark (Windows editors)
+            raw = raw[len(BOM) :]
+        if not raw.strip():
+            continue
+        pos[1] += 1
+        if keep is not None and not keep(pos[1] - 1):
+            yield None, 1
+            continue
+        yield lineno, raw
+
+
+def _strided_lines(fh, keep, stride: tuple[int, int], pos: list[int]):
+    """_each_line's records for a shard that keeps only indices i with i % n == shard (stride (shard, n)) of
+    an uncompressed stream: line ends, blank lines and record indices come from numpy over each block of
+    whole lines, so the other shards' records cost no Python per line; (None, k) stands for k records not
+    parsed. Blocks holding a CR (CRLF or CR line ends) and the file's first block (a BOM) go line by line."""
+    import numpy as np
+
+    shard, n = stride
+    white = np.zeros(256, bool)
+    white[list(WHITESPACE)] = True
+    buf, first = b"", True
+    while True:
+        chunk = fh.read(STRIDE_BLOCK)
+        buf += chunk
+        cut = buf.rfind(b"\n") + 1 if chunk else len(buf)  # whole lines (the last, at the end, maybe unended)
+        if not cut:
+            if not chunk:
+                return
+            continue
+        block, buf = buf[:cut], buf[cut:]
+        if first or b"\r" in block:
+            yield from _each_line(block.splitlines(keepends=True), keep, pos, pos[0])
+            first = False
+            continue
+        arr = np.frombuffer(block, np.uint8)
+        ends = np.flatnonzero(arr == 10)
+        if block[-1:] != b"\n":
+            ends = np.append(ends, arr.size - 1)
+        starts = np.concatenate([[0], ends[:-1] + 1])
+        record = ~white[arr[starts]]  # a line not starting with whitespace is a record; the others are looked at
+        for line in np.flatnonzero(~record).tolist():
+            record[line] = bool(block[int(starts[line]) : int(ends[line]) + 1].strip())
+        index = pos[1] + np.cumsum(record) - 1  # record index of each line (where `record`)
+        lines_before, done = pos[0], pos[1]
+        for line in np.flatnonzero(record & (index % n == shard)).tolist():
+            at = int(index[line])
+            if at > done:
+                yield None, at - done
+            pos[0], pos[1], done = lines_before + line + 1, at + 1, at + 1
+            if keep is not None and not keep(at):
+                yield None, 1
                 continue
-            index += 1
-            if keep is not None and not keep(index - 1):
-                yield "", None
-                continue
-            where = f"{url}:{lineno}"
-            try:
-                record = orjson.loads(raw)  # validates UTF-8 too
-            except orjson.JSONDecodeError as exc:
-                try:
-                    raw.decode("utf-8")
-                except UnicodeDecodeError as uexc:
-                    yield where, BadRecord("invalid_utf8", where, f"invalid UTF-8 at byte {uexc.start}")
+            yield pos[0], block[int(starts[line]) : int(ends[line]) + 1]
+        total = int(index[-1]) + 1 if record.any() else done
+        if total > done:
+            yield None, total - done
+        pos[0], pos[1] = lines_before + ends.size, total
+        if not chunk:
+            return
+
+
+def _jsonl(url: str, text_field: str, keep=None, stride=None) -> Iterator[tuple[str | None, object]]:
+    """`keep(record index)` false: the record is not parsed ((None, k) stands for k such records in a row).
+    stride (shard, n): `keep` accepts only indices i with i % n == shard (an uncompressed file is then
+    scanned by blocks, see _strided_lines)."""
+    pos = [0, 0]
+    try:
+        with _open_binary(url) as fh:
+            if stride is not None and stride[1] >= STRIDE_MIN and keep is not None and STRIDED_SCAN and not _compression(url):
+                lines = _strided_lines(fh, keep, stride, pos)
+            else:
+                lines = _each_line(_lines(fh), keep, pos)
+            for lineno, raw in lines:
+                if lineno is None:
+                    yield None, raw
                     continue
-                yield where, BadRecord("bad_json", where, f"not valid JSON ({exc.msg})")
-                continue
-            if not isinstance(record, dict) or text_field not in record:
-                yield where, BadRecord("missing_field", where, f"no '{text_field}' field")
-                continue
-            yield where, record[text_field]
+                where = f"{url}:{lineno}"
+                try:
+                    record = orjson.loads(raw)  # validates UTF-8 too
+                except orjson.JSONDecodeError as exc:
+                    try:
+                        raw.decode("utf-8")
+                    except UnicodeDecodeError as uexc:
+                        yield where, BadRecord("invalid_utf8", where, f"invalid UTF-8 at byte {uexc.start}")
+                        continue
+                    yield where, BadRecord("bad_json", where, f"not valid JSON ({exc.msg})")
+                    continue
+                if not isinstance(record, dict) or text_field not in record:
+                    yield where, BadRecord("missing_field", where, f"no '{text_field}' field")
+                    continue
+                yield where, record[text_field]
+    except Exception as exc:
+        if isinstance(exc, BadRecord) or not is_read_error(exc):
+            raise
+        raise broken(url, exc, f"line {pos[0]}, {pos[1]} records") from exc
+
+
+def is_read_error(exc: BaseException) -> bool:
+    """An error of reading or decompressing a source's bytes (not of the records in it)."""
+    import lzma
+    import zlib
+
+    module = type(exc).__module__ or ""
+    return isinstance(exc, (OSError, EOFError, zlib.error, lzma.LZMAError)) or module.startswith(
+        ("zstandard", "igzip_lib", "isal", "pyarrow", "fsspec")
+    )
+
+
+def broken(source: str, exc: BaseException, reached: str | None) -> BadSource:
+    """The BadSource for a read that failed with `exc` after `reached` ("line 12, 11 records"; None: nothing)."""
+    what = f"{type(exc).__name__}: {exc}"
+    if reached is None or reached.endswith(", 0 records"):
+        reason = "damaged_source" if isinstance(exc, EOFError) else "unreadable_source"
+        return BadSource(reason, source, f"cannot be read ({what})")
+    return BadSource("damaged_source", source, f"unreadable after {reached} ({what}); the rest of the file is lost")
 
 
 def _parquet(url: str, text_field: str) -> Iterator[tuple[str, object]]:
@@ -145,7 +307,7 @@ def _parquet(url: str, text_field: str) -> Iterator[tuple[str, object]]:
     with fsspec.open(url, "rb") as fh:
         pf = pq.ParquetFile(fh)
         if text_field not in pf.schema_arrow.names:
-            raise BadRecord("missing_field", url, f"no '{text_field}' column (columns: {', '.join(pf.schema_arrow.names)})")
+            raise BadSource("missing_field", url, f"no '{text_field}' column (columns: {', '.join(pf.schema_arrow.names)})")
         row = 0
         for batch in pf.iter_batches(columns=[text_field], batch_size=256):
             for value in batch.column(0).to_pylist():
@@ -186,14 +348,14 @@ def _hf(spec: str, cfg: dict) -> Iterator[tuple[str, object]]:
             yield where, record[cfg["text_field"]]
 
 
-def records(source: str, cfg: dict, keep=None) -> Iterator[tuple[str, object]]:
-    """(location, text or BadRecord) for every record of one source, in order; a record whose index
-    `keep` rejects may come as a placeholder, not read."""
+def records(source: str, cfg: dict, keep=None, stride=None) -> Iterator[tuple[str | None, object]]:
+    """(location, text or BadRecord) for every record of one source, in order; records whose index
+    `keep` rejects may come unread, as (None, how many in a row). stride: see _jsonl."""
     if source.startswith(HF_PREFIX):
         return _hf(source, cfg)
     name = _base_name(source)
     if name.endswith(JSONL_SUFFIXES):
-        return _jsonl(source, cfg["text_field"], keep)
+        return _jsonl(source, cfg["text_field"], keep, stride)
     if name.endswith(".parquet"):
         return _parquet(source, cfg["text_field"])
     if name.endswith(TEXT_SUFFIXES):
@@ -219,28 +381,50 @@ def check(where: str, value: object, cfg: dict) -> str | BadRecord:
     return value
 
 
-def documents(source: str, cfg: dict, stats: ReadStats, keep=lambda index: True) -> Iterator[tuple[int, str]]:
+def documents(source: str, cfg: dict, stats: ReadStats, keep=lambda index: True, stride=None) -> Iterator[tuple[int, str]]:
     """(record index, text) of the usable documents of `source` whose index `keep` accepts.
 
     Bad records stop the run (on_bad_record: fail) or are counted by reason (skip); empty
     documents are always counted and skipped. Record indices count every record, so they
-    do not move when the policy changes.
+    do not move when the policy changes. A source that cannot be read (BadSource: unreadable,
+    damaged part way, or without any record) stops the run naming it, or under skip is counted
+    once in stats.bad_sources, keeping the documents read before the break.
+    stride (shard, n): a promise that `keep` accepts only indices i with i % n == shard.
     """
     limit = cfg["max_records_per_source"]
-    for index, (where, value) in enumerate(records(source, cfg, keep)):
-        if limit is not None and index >= limit:
-            return
-        if not keep(index):
-            continue
-        result = check(where, value, cfg)
-        if isinstance(result, BadRecord):
-            if cfg["on_bad_record"] == "fail" and result.reason != "empty":
-                raise result
-            stats.skip(result)
-            continue
-        stats.documents += 1
-        stats.bytes += len(result.encode("utf-8", "surrogatepass"))
-        yield index, result
+    index = 0
+    try:
+        try:
+            for where, value in records(source, cfg, keep, stride):
+                if where is None:  # `value` records in a row that `keep` rejects, not read
+                    index += value
+                    if limit is not None and index >= limit:
+                        return
+                    continue
+                if limit is not None and index >= limit:
+                    return
+                index += 1
+                if not keep(index - 1):
+                    continue
+                result = check(where, value, cfg)
+                if isinstance(result, BadRecord):
+                    if cfg["on_bad_record"] == "fail" and result.reason != "empty":
+                        raise result
+                    stats.skip(result)
+                    continue
+                stats.documents += 1
+                stats.bytes += len(result.encode("utf-8", "surrogatepass"))
+                yield index - 1, result
+        except Exception as exc:
+            if isinstance(exc, BadRecord) or not is_read_error(exc):
+                raise
+            raise broken(source, exc, f"{index} records" if index else None) from exc
+        if not index:
+            raise BadSource("empty_source", source, "holds no records (a 0-byte or blank file?)")
+    except BadSource as err:
+        if cfg["on_bad_record"] == "fail":
+            raise
+        stats.skip(err)
 
 
 def iter_documents(cfg: dict, stats: ReadStats | None = None) -> Iterator[str]:
