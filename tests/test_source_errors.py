@@ -238,3 +238,19 @@ def test_skipped_source_counted_once_in_the_store(tmp_path, docs):
     read_stats = build_manifest(outs, tmp_path / "tokens" / "manifest.json")["read"]
     assert read_stats["sources_skipped"] == {"damaged_source": 1}
     assert list(read_stats["sources_skipped_examples"]["damaged_source"]) == [str(tmp_path / "b.jsonl.gz")]
+
+
+def test_report_data_page_names_skipped_sources():
+    from llmpipe.report import data_page
+
+    read = ReadStats()
+    read.skip(BadSource("damaged_source", "corpus/b.jsonl.gz", "unreadable after line 3"))
+    stats = {
+        "read": read.as_dict(),
+        "tokens": {"train": 10, "val": 2},
+        "documents": {"train": 3, "val": 1},
+        "tokenizer": {"vocab_size": 50257, "sha256": "0" * 64},
+    }
+    page = data_page(stats)
+    assert "skipped sources" in page and "damaged_source" in page
+    assert "skipped sources" not in data_page({**stats, "read": ReadStats().as_dict()})

@@ -86,6 +86,7 @@ def data_page(stats: dict) -> str:
         ("documents train / val", f"{stats['documents']['train']:,} / {stats['documents']['val']:,}"),
         ("tokens train / val", f"{tok['train']:,} / {tok['val']:,}"),
         ("skipped records", f"{read['skipped_total']:,} {read['skipped'] or ''}"),
+        *([("skipped sources", f"{read['sources_skipped_total']:,} {read['sources_skipped']}")] if read.get("sources_skipped") else []),
         ("tokenizer", f"vocab {stats['tokenizer']['vocab_size']:,}, sha256 {stats['tokenizer']['sha256'][:16]}"),
     ]
     views = []
