@@ -1,7 +1,9 @@
 """get_data: resolve the corpus sources (braces, globs, URLs, HF ids) and fingerprint them -> sources.json.
 
 The tokenize shards stream straight from these sources (no intermediate copy); the fingerprints
-key every later output to the exact input bytes.
+key every later output to the exact input bytes. With fewer sources than data.num_shards, a local plain
+JSONL file of at least data.range_split_bytes is cut here into one byte range per shard at record
+starts ("ranges" of its entry, so they key every later output too): each tokenize job reads only its own.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ from pathlib import Path
 
 from llmpipe import config as cfgmod
 from llmpipe.data import mixture
-from llmpipe.data.readers import HF_PREFIX, BadSource
-from llmpipe.data.sources import describe, expand_sources, local_stat
+from llmpipe.data.readers import HF_PREFIX, JSONL_SUFFIXES, BadSource, _compression, split_points
+from llmpipe.data.sources import describe, expand_sources, local_stat, split_source
 from llmpipe.io import write_json
 
 log = logging.getLogger(__name__)
@@ -50,6 +52,23 @@ def check_sources(sources: list[str], policy: str) -> dict[str, str]:
     return bad
 
 
+def splits(data_cfg: dict, sources: list[str], bad: dict) -> list[str]:
+    """The sources to cut into byte ranges: local plain JSONL files of at least data.range_split_bytes, when
+    there are fewer sources than shards (record-level deal). Smaller files keep the record index modulo
+    num_shards deal, so their stores stay as they were (docs/data.md, Sharding)."""
+    least, n = data_cfg.get("range_split_bytes"), data_cfg["num_shards"]
+    if least is None or len(sources) >= n or n < 2:
+        return []
+    out = []
+    for s in sources:
+        if s in bad or s.startswith(HF_PREFIX) or "://" in s and not s.startswith("file://") or _compression(s):
+            continue
+        path = s.removeprefix("file://")
+        if s.lower().endswith(JSONL_SUFFIXES) and os.path.isfile(path) and os.path.getsize(path) >= least:
+            out.append(s)
+    return out
+
+
 def get_data(data_cfg: dict, out: str | Path) -> dict:
     mix = None
     if mixture.is_mixture(data_cfg["sources"]):  # weighted sources: groups counted, sampling rates set
@@ -62,7 +81,21 @@ def get_data(data_cfg: dict, out: str | Path) -> dict:
     # skip: a directory or unreadable file stays listed (the tokenize jobs count it) but cannot be hashed
     entries = [{"source": s, "unusable": bad[s]} if s in bad and "0 bytes" not in bad[s] else describe(s, known) for s in sources]
     local = {e["source"]: {"stat": local_stat(e["source"]), "sha256": e["sha256"]} for e in entries if "sha256" in e}
-    rehashed = sum(1 for s, v in local.items() if known.get(s) != v)
+    rehashed = sum(1 for s, v in local.items() if {k: known.get(s, {}).get(k) for k in v} != v)
+    n, split = data_cfg["num_shards"], splits(data_cfg, sources, bad)
+    for entry in entries:
+        if entry["source"] not in split:
+            continue
+        seen, mine = known.get(entry["source"], {}), local[entry["source"]]
+        if seen.get("stat") == mine["stat"] and seen.get("ranges", {}).get("shards") == n:
+            ranges = seen["ranges"]["at"]  # unchanged file, same shard count: the same cut
+        else:
+            ranges = [list(r) for r in split_points(entry["source"], n)]
+            log.info("%s: %d bytes cut into %d byte ranges at record starts", entry["source"], entry["size"], n)
+        if ranges[-1][0] != entry["size"]:
+            raise BadSource("damaged_source", entry["source"], f"changed while get-data read it ({ranges[-1][0]} bytes)")
+        entry["ranges"] = ranges  # [byte offset, first record index, first line number] per shard, then the end
+        mine["ranges"] = {"shards": n, "at": ranges}
     write_json(cache, local)
     if mix:
         for entry, g in zip(entries, mix["group_of_source"]):
@@ -83,7 +116,9 @@ def get_data(data_cfg: dict, out: str | Path) -> dict:
 
 
 def load_sources(path: str | Path) -> list[str]:
-    return [e["source"] for e in json.loads(Path(path).read_text())["sources"]]
+    """The sources' names; one split into byte ranges comes as a sources.Source carrying them (see assign)."""
+    entries = json.loads(Path(path).read_text())["sources"]
+    return [split_source(e["source"], e["ranges"], e["size"]) if "ranges" in e else e["source"] for e in entries]
 
 
 def sources_key(path: str | Path) -> str:

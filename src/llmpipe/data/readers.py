@@ -47,6 +47,12 @@ class ReadStats:
     # Sources skipped whole or in part (on_bad_record: skip): reason -> {source: message}. A source is counted
     # once however many shards read it (every shard reads every source when sources < shards).
     bad_sources: dict = field(default_factory=dict)
+    # Bytes read from each source split into byte ranges (sources.ByteRange): source -> bytes. Only such
+    # sources appear (the stats of every other read keep their exact form).
+    bytes_read: dict = field(default_factory=dict)
+    # Long documents (llmpipe.data.long_docs: encoded in pieces, pre-tokens split, documents skipped or
+    # encoded whole): counter -> count. Only non-zero counters appear.
+    long: Counter = field(default_factory=Counter)
 
     def skip(self, err: BadRecord) -> None:
         if isinstance(err, BadSource):
@@ -73,6 +79,10 @@ class ReadStats:
             out["sources_skipped"] = {reason: len(seen) for reason, seen in self.bad_sources.items()}
             out["sources_skipped_total"] = len({src for seen in self.bad_sources.values() for src in seen})
             out["sources_skipped_examples"] = self.bad_sources
+        if self.bytes_read:
+            out["bytes_read"] = self.bytes_read
+        if +self.long:
+            out["long_documents"] = dict(+self.long)
         return out
 
     def add(self, other: dict) -> None:
@@ -85,6 +95,9 @@ class ReadStats:
             mine = self.bad_sources.setdefault(reason, {})
             for src, message in seen.items():
                 mine.setdefault(src, message)
+        for src, n in other.get("bytes_read", {}).items():
+            self.bytes_read[src] = self.bytes_read.get(src, 0) + n
+        self.long.update(other.get("long_documents", {}))
 
 
 def _compression(url: str) -> str | None:
@@ -194,6 +207,30 @@ def _each_line(lines, keep, pos: list[int], lineno: int = 0) -> Iterator[tuple[i
         yield lineno, raw
 
 
+def _whitespace():
+    import numpy as np
+
+    white = np.zeros(256, bool)
+    white[list(WHITESPACE)] = True
+    return white
+
+
+def _lf_lines(block: bytes, white):
+    """(starts, ends, record) of the lines of `block`: whole lines ended by LF (the last maybe unended), no CR,
+    not the file's first line (no BOM). ends: index of each line's last byte; record: the line is not blank."""
+    import numpy as np
+
+    arr = np.frombuffer(block, np.uint8)
+    ends = np.flatnonzero(arr == 10)
+    if block[-1:] != b"\n":
+        ends = np.append(ends, arr.size - 1)
+    starts = np.concatenate([[0], ends[:-1] + 1])
+    record = ~white[arr[starts]]  # a line not starting with whitespace is a record; the others are looked at
+    for line in np.flatnonzero(~record).tolist():
+        record[line] = bool(block[int(starts[line]) : int(ends[line]) + 1].strip())
+    return starts, ends, record
+
+
 def _strided_lines(fh, keep, stride: tuple[int, int], pos: list[int]):
     """_each_line's records for a shard that keeps only indices i with i % n == shard (stride (shard, n)) of
     an uncompressed stream: line ends, blank lines and record indices come from numpy over each block of
@@ -202,8 +239,7 @@ def _strided_lines(fh, keep, stride: tuple[int, int], pos: list[int]):
     import numpy as np
 
     shard, n = stride
-    white = np.zeros(256, bool)
-    white[list(WHITESPACE)] = True
+    white = _whitespace()
     buf, first = b"", True
     while True:
         chunk = fh.read(STRIDE_BLOCK)
@@ -218,14 +254,7 @@ def _strided_lines(fh, keep, stride: tuple[int, int], pos: list[int]):
             yield from _each_line(block.splitlines(keepends=True), keep, pos, pos[0])
             first = False
             continue
-        arr = np.frombuffer(block, np.uint8)
-        ends = np.flatnonzero(arr == 10)
-        if block[-1:] != b"\n":
-            ends = np.append(ends, arr.size - 1)
-        starts = np.concatenate([[0], ends[:-1] + 1])
-        record = ~white[arr[starts]]  # a line not starting with whitespace is a record; the others are looked at
-        for line in np.flatnonzero(~record).tolist():
-            record[line] = bool(block[int(starts[line]) : int(ends[line]) + 1].strip())
+        starts, ends, record = _lf_lines(block, white)
         index = pos[1] + np.cumsum(record) - 1  # record index of each line (where `record`)
         lines_before, done = pos[0], pos[1]
         for line in np.flatnonzero(record & (index % n == shard)).tolist():
@@ -245,14 +274,103 @@ def _strided_lines(fh, keep, stride: tuple[int, int], pos: list[int]):
             return
 
 
-def _jsonl(url: str, text_field: str, keep=None, stride=None) -> Iterator[tuple[str | None, object]]:
+def split_points(url: str, n: int) -> list[tuple[int, int, int]]:
+    """Where to cut a plain (uncompressed) JSONL file into `n` byte ranges of about equal size, each but the
+    first starting at a record: (byte offset, index of the record there, its line number) for each range's
+    start, then (size, records in the file, lines + 1) for the end. A range whose target falls past the last
+    record starts at the end (empty). One sequential pass; lines, blank lines and record indices are
+    counted by the readers' own code: _lf_lines (the strided scan's blocks) and _each_line (blocks
+    holding a CR, and the first one: a BOM), so the numbering is that of a whole-file read."""
+    import numpy as np
+
+    white = _whitespace()
+    with _open_binary(url) as fh:
+        size = fh.seek(0, 2)
+        fh.seek(0)
+        targets = [k * size // n for k in range(1, n)]
+        out = [(0, 0, 1)]
+        pos = [0, 0]  # lines, records before the block
+        at, buf, first = 0, b"", True  # at: the block's byte offset
+        while True:
+            chunk = fh.read(STRIDE_BLOCK)
+            buf += chunk
+            # whole lines: up to the last LF, or a CR that is not the last byte (an LF may follow it)
+            cut = max(buf.rfind(b"\n"), buf.rfind(b"\r", 0, len(buf) - 1)) + 1 if chunk else len(buf)
+            if not cut:
+                if not chunk:
+                    break
+                continue
+            block, buf = buf[:cut], buf[cut:]
+            if first or b"\r" in block:
+                lines = block.splitlines(keepends=True)
+                line_at = np.concatenate([[0], np.cumsum([len(x) for x in lines], dtype=np.int64)])
+                base, found = pos[0], []
+                for lineno, _ in _each_line(lines, None, pos, pos[0]):
+                    found.append((lineno - base - 1, pos[1] - 1))
+                rec = np.array([f[0] for f in found], np.int64)
+                offs, idx = at + line_at[rec], np.array([f[1] for f in found], np.int64)
+                line_no = base + rec + 1
+                pos[0] = base + len(lines)
+                first = False
+            else:
+                starts, ends, record = _lf_lines(block, white)
+                rec = np.flatnonzero(record)
+                offs, idx, line_no = at + starts[rec], pos[1] + np.arange(rec.size), pos[0] + rec + 1
+                pos[0] += ends.size
+                pos[1] += rec.size
+            while targets and offs.size and targets[0] <= offs[-1]:
+                j = int(np.searchsorted(offs, targets.pop(0)))
+                out.append((int(offs[j]), int(idx[j]), int(line_no[j])))
+            at += len(block)
+            if not chunk:
+                break
+    end = (size, pos[1], pos[0] + 1)
+    return out + [end] * (len(targets) + 1)
+
+
+class SourceChanged(RuntimeError):
+    """A source split into byte ranges whose file changed after get-data recorded them."""
+
+
+class _Bounded:
+    """At most `left` bytes of `fh`, from where it stands; `tally[url]` counts the bytes read."""
+
+    def __init__(self, fh, left: int, tally: dict, url: str):
+        self.fh, self.left, self.tally, self.url = fh, left, tally, url
+        tally.setdefault(url, 0)
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.fh.read(self.left if size < 0 else min(size, self.left)) if self.left > 0 else b""
+        self.left -= len(data)
+        self.tally[self.url] += len(data)
+        return data
+
+
+def _byte_range(fh, url: str, part, tally: dict) -> _Bounded:
+    """The bytes [part.start, part.end) of an uncompressed source, after checking it still has the size
+    get-data split it at."""
+    size = fh.seek(0, 2)
+    if size != part.size:
+        raise SourceChanged(
+            f"data source {url} changed after get-data split it into byte ranges ({size} bytes now, "
+            f"{part.size} recorded in sources.json): run get-data again (Snakemake does when a corpus file changes)"
+        )
+    fh.seek(part.start)
+    return _Bounded(fh, part.end - part.start, tally, url)
+
+
+def _jsonl(url: str, text_field: str, keep=None, stride=None, part=None, tally=None) -> Iterator[tuple[str | None, object]]:
     """`keep(record index)` false: the record is not parsed ((None, k) stands for k such records in a row).
     stride (shard, n): `keep` accepts only indices i with i % n == shard (an uncompressed file is then
-    scanned by blocks, see _strided_lines)."""
-    pos = [0, 0]
+    scanned by blocks, see _strided_lines). part (sources.ByteRange): read only those bytes of an
+    uncompressed file, numbering records and lines from where the range starts; `tally` counts the bytes."""
+    pos = [0, 0] if part is None else [part.first_line - 1, part.first_record]
     try:
         with _open_binary(url) as fh:
-            if stride is not None and stride[1] >= STRIDE_MIN and keep is not None and STRIDED_SCAN and not _compression(url):
+            if part is not None:
+                ranged = _byte_range(fh, url, part, tally if tally is not None else {})
+                lines = _each_line(_lines(ranged), keep, pos, pos[0])
+            elif stride is not None and stride[1] >= STRIDE_MIN and keep is not None and STRIDED_SCAN and not _compression(url):
                 lines = _strided_lines(fh, keep, stride, pos)
             else:
                 lines = _each_line(_lines(fh), keep, pos)
@@ -348,14 +466,16 @@ def _hf(spec: str, cfg: dict) -> Iterator[tuple[str, object]]:
             yield where, record[cfg["text_field"]]
 
 
-def records(source: str, cfg: dict, keep=None, stride=None) -> Iterator[tuple[str | None, object]]:
+def records(source: str, cfg: dict, keep=None, stride=None, part=None, tally=None) -> Iterator[tuple[str | None, object]]:
     """(location, text or BadRecord) for every record of one source, in order; records whose index
-    `keep` rejects may come unread, as (None, how many in a row). stride: see _jsonl."""
+    `keep` rejects may come unread, as (None, how many in a row). stride, part, tally: see _jsonl."""
+    if part is not None and (_compression(source) or not _base_name(source).endswith(JSONL_SUFFIXES)):
+        raise ValueError(f"{source}: only a plain JSONL file is read by byte range")
     if source.startswith(HF_PREFIX):
         return _hf(source, cfg)
     name = _base_name(source)
     if name.endswith(JSONL_SUFFIXES):
-        return _jsonl(source, cfg["text_field"], keep, stride)
+        return _jsonl(source, cfg["text_field"], keep, stride, part, tally)
     if name.endswith(".parquet"):
         return _parquet(source, cfg["text_field"])
     if name.endswith(TEXT_SUFFIXES):
@@ -381,7 +501,9 @@ def check(where: str, value: object, cfg: dict) -> str | BadRecord:
     return value
 
 
-def documents(source: str, cfg: dict, stats: ReadStats, keep=lambda index: True, stride=None) -> Iterator[tuple[int, str]]:
+def documents(
+    source: str, cfg: dict, stats: ReadStats, keep=lambda index: True, stride=None, part=None
+) -> Iterator[tuple[int, str]]:
     """(record index, text) of the usable documents of `source` whose index `keep` accepts.
 
     Bad records stop the run (on_bad_record: fail) or are counted by reason (skip); empty
@@ -390,12 +512,14 @@ def documents(source: str, cfg: dict, stats: ReadStats, keep=lambda index: True,
     damaged part way, or without any record) stops the run naming it, or under skip is counted
     once in stats.bad_sources, keeping the documents read before the break.
     stride (shard, n): a promise that `keep` accepts only indices i with i % n == shard.
+    part (sources.ByteRange): read only that byte range of a plain JSONL file (its records, numbered as
+    in the whole file); the bytes read go to stats.bytes_read.
     """
     limit = cfg["max_records_per_source"]
-    index = 0
+    index = start = 0 if part is None else part.first_record
     try:
         try:
-            for where, value in records(source, cfg, keep, stride):
+            for where, value in records(source, cfg, keep, stride, part, stats.bytes_read):
                 if where is None:  # `value` records in a row that `keep` rejects, not read
                     index += value
                     if limit is not None and index >= limit:
@@ -418,8 +542,8 @@ def documents(source: str, cfg: dict, stats: ReadStats, keep=lambda index: True,
         except Exception as exc:
             if isinstance(exc, BadRecord) or not is_read_error(exc):
                 raise
-            raise broken(source, exc, f"{index} records" if index else None) from exc
-        if not index:
+            raise broken(source, exc, f"{index} records" if index > start else None) from exc
+        if not (index if part is None else part.records):  # a range may hold no record; the file must
             raise BadSource("empty_source", source, "holds no records (a 0-byte or blank file?)")
     except BadSource as err:
         if cfg["on_bad_record"] == "fail":

@@ -2,8 +2,10 @@
 
 Sharding is deterministic: with at least as many sources as shards, whole sources go round-robin to
 shards; otherwise every shard reads every source and keeps the records whose index is its own
-modulo the shard count. A document is identified by (source index, record index) whatever the
-shard count, so the validation split never depends on it.
+modulo the shard count, except a large plain JSONL file that get_data split into one byte range per
+shard (data.range_split_bytes): each shard reads only its range, records numbered as in the whole
+file. A document is identified by (source index, record index) whatever the shard count or the
+deal, so the validation split never depends on them.
 """
 
 from __future__ import annotations
@@ -61,25 +63,80 @@ def expand_sources(sources: list[str]) -> list[str]:
 
 
 @dataclass(frozen=True)
+class ByteRange:
+    """One shard's part of a plain JSONL source split at record starts by get_data: bytes [start, end), whose
+    first record has index `first_record` on line `first_line` of the file; `size`: the file's size when
+    split (a guard), `records`: the file's record count."""
+
+    start: int
+    end: int
+    first_record: int
+    first_line: int
+    size: int
+    records: int
+
+
+class Source(str):
+    """A source's name (a str: equal to it, hashed, printed and serialised as it) that may carry, for a file
+    get_data split into byte ranges, `ranges`: [(byte offset, first record index, first line number)] of each
+    shard's range plus the end, and the file's `size` then (sources.json; get_data.load_sources)."""
+
+    ranges: tuple | None = None
+    size: int | None = None
+
+
+def split_source(name: str, ranges, size: int) -> Source:
+    out = Source(name)
+    out.ranges, out.size = tuple(tuple(r) for r in ranges), size
+    return out
+
+
+@dataclass(frozen=True)
 class Assignment:
-    """What one shard reads: (source index, source, keep record i?) triples."""
+    """What one shard reads: (source index, source, keep record i?) triples; `ranges`: (source index,
+    ByteRange) of the sources it reads by byte range (all their records in it kept)."""
 
     shard: int
     num_shards: int
     sources: tuple[tuple[int, str], ...]
     record_level: bool
+    ranges: tuple[tuple[int, ByteRange], ...] = ()
 
     def keep(self, record_index: int) -> bool:
         return not self.record_level or record_index % self.num_shards == self.shard
 
+    def reading(self, source_index: int) -> tuple:
+        """(keep, stride, byte range) to pass to readers.documents for one of the shard's sources."""
+        part = dict(self.ranges).get(source_index)
+        if part is not None:
+            return _keep_all, None, part
+        return self.keep, ((self.shard, self.num_shards) if self.record_level else None), None
+
+
+def _keep_all(record_index: int) -> bool:
+    return True
+
 
 def assign(sources: list[str], num_shards: int, shard: int) -> Assignment:
+    """Sources carrying byte ranges (Source.ranges, one per shard) are read by range in a record-level deal."""
     if not 0 <= shard < num_shards:
         raise ValueError(f"shard {shard} outside 0..{num_shards - 1}")
     indexed = list(enumerate(sources))
     if len(sources) >= num_shards:
         return Assignment(shard, num_shards, tuple(s for s in indexed if s[0] % num_shards == shard), False)
-    return Assignment(shard, num_shards, tuple(indexed), True)
+    ranges = []
+    for i, source in indexed:
+        cuts = getattr(source, "ranges", None)
+        if cuts is None:
+            continue
+        if len(cuts) != num_shards + 1:
+            raise ValueError(
+                f"data source {source} was split into {len(cuts) - 1} byte ranges, not data.num_shards {num_shards}: "
+                "run get-data again"
+            )
+        (start, first_record, first_line), (end, _, _) = cuts[shard], cuts[shard + 1]
+        ranges.append((i, ByteRange(start, end, first_record, first_line, source.size, cuts[-1][1])))
+    return Assignment(shard, num_shards, tuple(indexed), True, tuple(ranges))
 
 
 def local_stat(path: str) -> list[int]:

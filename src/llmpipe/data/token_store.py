@@ -26,6 +26,12 @@ FORMAT = "llmpipe-token-store/1"
 SPLITS = ("train", "val")
 
 
+def fingerprint_part(entry: dict) -> bytes:
+    """A shard entry's share of the store fingerprint: its file's name, not the tokenize job folder it is in
+    (the store is the same however shards were grouped into jobs)."""
+    return json.dumps({**entry, "file": Path(entry["file"]).name}, sort_keys=True).encode()
+
+
 def build_manifest(shards: list[str | Path], out: str | Path, sources_key: str | None = None, mix: dict | None = None) -> dict:
     """`mix`: the mixture plan of sources.json, for per-group counts (per-source counts are always made)."""
     shards, out = [Path(s) for s in shards], Path(out)
@@ -54,14 +60,15 @@ def build_manifest(shards: list[str | Path], out: str | Path, sources_key: str |
             for k in ("documents", "tokens"):
                 totals[split][k] += counts[split][k]
         read.add(json.loads(meta["read"]))
-        entry = {
-            "file": path.name,
-            "counts": counts,
-            "encoder": meta["encoder"],
-            "sha256": {s: meta[f"sha256.{s}"] for s in SPLITS},
-        }
-        digest.update(json.dumps(entry, sort_keys=True).encode())  # the shard's name, not the job folder it is in
-        entries.append({**entry, "file": path.resolve().relative_to(root).as_posix()})
+        entries.append(
+            {
+                "file": path.resolve().relative_to(root).as_posix(),
+                "counts": counts,
+                "encoder": meta["encoder"],
+                "sha256": {s: meta[f"sha256.{s}"] for s in SPLITS},
+            }
+        )
+        digest.update(fingerprint_part(entries[-1]))
     manifest = {
         "format": FORMAT,
         "tokenizer": {

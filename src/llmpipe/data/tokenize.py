@@ -13,7 +13,11 @@ import contextlib
 import hashlib
 import json
 import logging
+import multiprocessing
+import os
+import time
 from array import array
+from concurrent.futures import ProcessPoolExecutor
 from itertools import chain
 from pathlib import Path
 
@@ -22,7 +26,7 @@ from tqdm import tqdm
 
 from llmpipe import config as cfgmod
 from llmpipe.data import mixture, stfile
-from llmpipe.data.readers import ReadStats, documents
+from llmpipe.data.readers import BadRecord, ReadStats, documents
 from llmpipe.data.sources import assign, doc_id, is_validation
 from llmpipe.data.tokenizer import load_backend, make_encoder, tokenizer_info
 from llmpipe.io import atomic_path
@@ -72,7 +76,9 @@ class _SplitWriter:
         return {"documents": len(self.doc_ids), "tokens": self.offsets[-1]}
 
 
-# Data settings that change the tokens of a shard (the rest only change views).
+# Data settings that change the tokens of a shard (the rest only change views). data.range_split_bytes is
+# not listed (that would change every shard's key, hence every store's bytes): where it splits a source the
+# byte ranges are in that source's sources.json entry, so in the sources key that shard_key includes.
 TOKEN_KEYS = (
     "sources",
     "text_field",
@@ -92,7 +98,10 @@ TOKEN_KEYS = (
 
 def shard_key(d: dict, sources_key: str, tokenizer_sha: str) -> str:
     """What produced a shard's tokens: input checksums, tokenizer file, data parameters."""
-    params = json.dumps({k: d[k] for k in TOKEN_KEYS}, sort_keys=True)
+    params = {k: d[k] for k in TOKEN_KEYS}
+    if d.get("long_pretoken", "split") != "split":  # only then: the keys of every other setup stay as they were
+        params["long_pretoken"] = d["long_pretoken"]
+    params = json.dumps(params, sort_keys=True)
     return hashlib.sha256(f"{sources_key}:{tokenizer_sha}:{params}".encode()).hexdigest()
 
 
@@ -121,7 +130,9 @@ def tokenize_shard(
 
     def docs():
         for s_idx, source in plan.sources:
-            for r_idx, text in documents(source, d, stats, mixture.keeper(mix, s_idx, plan.keep)):
+            # keep, stride (readers._strided_lines) or the byte range get_data cut for this shard (a large plain JSONL)
+            keep, stride, part = plan.reading(s_idx)
+            for r_idx, text in documents(source, d, stats, mixture.keeper(mix, s_idx, keep), stride, part):
                 yield doc_id(s_idx, r_idx), is_validation(s_idx, r_idx, d["val_fraction"], d["split_seed"]), text
 
     with atomic_path(out) as tmp:
@@ -131,14 +142,26 @@ def tokenize_shard(
             batch, chars = [], 0
 
             def flush():
+                from llmpipe.data.long_docs import describe_doc, write_pieces
+
                 nonlocal encoder
+                where = [describe_doc(sources, did) for did, _, _ in batch]  # named if the tokenizer fails
                 if encoder is None:
-                    encoder = make_encoder(
-                        tokenizer_dir, cfg["tokenizer"]["backend"], [t for _, _, t in batch[:SAMPLE_DOCS]], threads, tok
-                    )
+                    sample = [t for _, _, t in batch[:SAMPLE_DOCS]]
+                    policy, backend = d.get("long_pretoken", "split"), cfg["tokenizer"]["backend"]
+                    encoder = make_encoder(tokenizer_dir, backend, sample, threads, tok, policy, where[:SAMPLE_DOCS])
                 parts = {s: ([], []) for s in SPLITS}
-                for (did, val, _), ids in zip(batch, encoder.encode_batch([t for _, _, t in batch])):
-                    encoded, dids = parts["val" if val else "train"]
+                for (did, val, _), ids in zip(batch, encoder.encode_batch([t for _, _, t in batch], where, stream=True)):
+                    s = "val" if val else "train"
+                    encoded, dids = parts[s]
+                    if ids is None:  # dropped under data.long_pretoken: skip (counted in encoder.stats)
+                        continue
+                    if not isinstance(ids, list):  # a long document's pieces: written as encoded, after the ones before it
+                        writers[s].add_batch(encoded, dids, prefix, eos)
+                        encoded.clear()
+                        dids.clear()
+                        write_pieces(writers[s], did, prefix, ids, eos)
+                        continue
                     encoded.append(ids)
                     dids.append(did)
                 for s, (encoded, dids) in parts.items():
@@ -156,6 +179,7 @@ def tokenize_shard(
             for w in writers.values():
                 w.fh.close()
             counts = {s: w.counts() for s, w in writers.items()}
+            stats.long.update(encoder.stats if encoder else {})
             meta = {
                 "tokenizer_sha256": info.sha256,
                 "eos_id": str(info.eos_id),
@@ -185,24 +209,86 @@ def tokenize_shard(
     return counts
 
 
-def main(argv: list[str] | None = None) -> None:
+MAX_AUTO_JOBS = 64  # data.shards_per_job null: at most this many tokenize jobs
+
+
+def shards_per_job(d: dict) -> int:
+    """Shards one tokenize job writes: data.shards_per_job, or enough for at most MAX_AUTO_JOBS jobs."""
+    return d.get("shards_per_job") or -(-d["num_shards"] // MAX_AUTO_JOBS)
+
+
+def job_shards(d: dict, job: int) -> range:
+    """The shard indices tokenize job `job` writes (consecutive; the last job may have fewer)."""
+    k = shards_per_job(d)
+    return range(job * k, min((job + 1) * k, d["num_shards"]))
+
+
+def num_jobs(d: dict) -> int:
+    return -(-d["num_shards"] // shards_per_job(d))
+
+
+def shard_name(shard: int) -> str:
+    return f"shard-{shard:05d}.safetensors"
+
+
+def _timed_shard(args: tuple) -> tuple[int, float, float, int]:
+    """One shard in a worker process: (shard, start, end, pid) for the job's log."""
+    start = time.time()
+    tokenize_shard(*args)
+    return args[2], start, time.time(), os.getpid()
+
+
+def tokenize_job(cfg: dict, sources_json: str, job: int, tokenizer_dir: str, out_dir: str | Path, threads: int = 1) -> list[Path]:
+    """Write the shards of tokenize job `job` into out_dir, `threads` worker processes at a time. Each shard
+    is its own atomic file and equal to the one a single-shard job writes, so the store never depends on
+    how shards were grouped into jobs."""
     from llmpipe.data.get_data import load_sources, sources_key
 
+    d = cfg["data"]
+    shards = job_shards(d, job)
+    if not shards:
+        raise ValueError(f"tokenize job {job} outside 0..{num_jobs(d) - 1} ({d['num_shards']} shards)")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    workers = max(1, min(threads, len(shards)))
+    per_worker = max(1, threads // workers)  # encoder threads of each shard
+    common = (load_sources(sources_json), sources_key(sources_json), mixture.load(sources_json))
+    tasks = [(cfg, common[0], i, tokenizer_dir, out_dir / shard_name(i), per_worker, common[1], common[2]) for i in shards]
+    if workers == 1:
+        done = map(_timed_shard, tasks)
+    else:
+        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+        done = pool.map(_timed_shard, tasks)
+    try:
+        for shard, start, end, pid in done:
+            log.info("shard %d written by pid %d from %.3f to %.3f", shard, pid, start, end)
+    finally:
+        if workers > 1:
+            pool.shutdown(cancel_futures=True)
+    return [t[4] for t in tasks]
+
+
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="llmpipe tokenize", description=__doc__)
     p.add_argument("--config", required=True)
     p.add_argument("--sources", required=True, help="sources.json from get-data")
-    p.add_argument("--shard", required=True, type=int, help="shard index (0-based)")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--job", type=int, help="tokenize job index (0-based): writes its data.shards_per_job shards into --out")
+    which.add_argument("--shard", type=int, help="one shard (0-based): --out is the .safetensors file")
     p.add_argument("--tokenizer", required=True, help="HF tokenizer folder")
-    p.add_argument("--out", required=True, help="token shard (.safetensors)")
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", required=True, help="the job's folder (--job) or the shard's file (--shard)")
+    p.add_argument("--threads", type=int, default=1, help="worker processes (--job) and encoder threads")
     args = p.parse_args(argv)
-    tokenize_shard(
-        cfgmod.load(args.config),
-        load_sources(args.sources),
-        args.shard,
-        args.tokenizer,
-        args.out,
-        args.threads,
-        sources_key(args.sources),
-        mixture.load(args.sources),
-    )
+    cfg = cfgmod.load(args.config)
+    try:
+        if args.job is not None:
+            tokenize_job(cfg, args.sources, args.job, args.tokenizer, args.out, args.threads)
+        else:
+            from llmpipe.data.get_data import load_sources, sources_key
+
+            src = args.sources
+            tokenize_shard(
+                cfg, load_sources(src), args.shard, args.tokenizer, args.out, args.threads, sources_key(src), mixture.load(src)
+            )
+    except BadRecord as exc:  # a bad record or source under on_bad_record: fail, named: one line, no traceback
+        raise SystemExit(f"llmpipe tokenize: error: {exc}") from None

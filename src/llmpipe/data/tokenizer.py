@@ -14,6 +14,7 @@ from itertools import islice
 from pathlib import Path
 
 from llmpipe import config as cfgmod
+from llmpipe.data import long_docs
 from llmpipe.io import atomic_path
 
 log = logging.getLogger(__name__)
@@ -112,18 +113,108 @@ def load_tokenizer(path: str | Path):
 # ---------------------------------------------------------------- encoders
 
 
-class HFEncoder:
+class _LongDocuments:
+    """Long documents (over `long_chars` characters) encoded piecewise with the ids of encoding them whole
+    (data/long_docs.py); `stats` counts what happened; failures name the document (`where`)."""
+
+    threads: int
+
+    def _init_long(self, long_pretoken: str) -> None:
+        if long_pretoken not in long_docs.POLICIES:
+            raise ValueError(f"data.long_pretoken must be one of {', '.join(long_docs.POLICIES)}, not {long_pretoken!r}")
+        self.long_pretoken = long_pretoken
+        self.long_chars = long_docs.LONG_DOC_CHARS
+        self.piece_chars = long_docs.PIECE_CHARS
+        self.max_pretoken = long_docs.MAX_PRETOKEN_CHARS
+        self._cutter = None  # built on the first long document; False: this tokenizer cannot be cut exactly
+
+    def set_long(self, long_chars=None, piece=None, max_pretoken=None, policy=None) -> None:
+        """Change the long-document settings (tests use small pieces)."""
+        if policy is not None:
+            self._init_long(policy)
+        for attr, value in (("long_chars", long_chars), ("piece_chars", piece), ("max_pretoken", max_pretoken)):
+            if value is not None:
+                setattr(self, attr, value)
+        self._cutter = None
+
+    def _make_cutter(self):
+        raise NotImplementedError
+
+    def _encode(self, texts: list[str]) -> list[list[int]]:
+        raise NotImplementedError
+
+    def encode_batch(self, texts: list[str], where=None, stream: bool = False) -> list:
+        """The ids of each text. `where`: each text's origin, named if the tokenizer fails. A document over
+        `long_chars` characters is encoded piecewise; `stream`: it comes as long_docs.Pieces (an iterable of
+        id lists, encoded as it is read), else as one list; None: dropped under data.long_pretoken: skip."""
+        if all(len(t) <= self.long_chars for t in texts):
+            return long_docs.guarded(self._encode, texts, where)
+        return long_docs.encode_mixed(texts, where, stream, self._encode, self._long, self.long_chars)
+
+    def _long(self, text: str, where: str):
+        if self._cutter is None:
+            self._cutter = self._make_cutter() or False
+            if not self._cutter:
+                log.warning("%s: the tokenizer cannot be cut exactly: long documents are encoded whole", self.name)
+        if not self._cutter:
+            self.stats["long_documents_whole"] += 1
+            return long_docs.guarded(self._encode, [text], [where])[0]
+        try:
+            spans = self._cutter.plan(text, self.long_pretoken, self.stats)
+        except (KeyboardInterrupt, SystemExit, GeneratorExit):
+            raise
+        except BaseException as exc:
+            raise long_docs.EncodeError(where, len(text), exc) from exc
+        if spans is None:
+            self.stats["long_documents_skipped"] += 1
+            log.warning(
+                "%s: document of %d characters dropped (data.long_pretoken: skip): it holds a pre-token longer than %d "
+                "characters",
+                where,
+                len(text),
+                self.max_pretoken,
+            )
+            return None
+        self.stats["long_documents"] += 1
+        self.stats["long_pieces"] += len(spans)
+        return long_docs.Pieces(text, spans, self._encode_piece, self.threads, where)
+
+    def _encode_piece(self, texts: list[str]) -> list[list[int]]:
+        return self._encode(texts)
+
+
+class HFEncoder(_LongDocuments):
     name = "hf"
 
-    def __init__(self, path: str | Path, threads: int, tok=None):
+    def __init__(self, path: str | Path, threads: int, tok=None, long_pretoken: str = "split"):
         import os
 
         os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
         self.tok = tok or load_backend(path)
+        self.threads = threads
+        self.stats = long_docs.stats_dict()
+        self._init_long(long_pretoken)
 
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+    def _encode(self, texts: list[str]) -> list[list[int]]:
         # the _fast variant skips character offsets (unused here): same ids, ~12 % faster
         return [e.ids for e in self.tok.encode_batch_fast(texts, add_special_tokens=False)]
+
+    def _make_cutter(self):
+        """Cuts from the HF pre-tokenizer itself, if its pattern is one long_docs knows to be exact."""
+        pre = self.tok.pre_tokenizer
+        if self.tok.normalizer is not None or pre is None:
+            return None
+        if _pattern(json.loads(pre.__getstate__())) not in long_docs.safe_patterns():
+            return None
+        added = list(self.tok.get_added_tokens_decoder().values())
+        if any(t.lstrip or t.rstrip or t.single_word for t in added):
+            return None  # added tokens that take whitespace along: their boundaries move
+        special, special_len = long_docs.special_regex([t.content for t in added])
+
+        def starts(window: str) -> list[int]:
+            return [a for _, (a, _) in pre.pre_tokenize_str(window)]
+
+        return long_docs.Cutter(starts, special, special_len, self.piece_chars, self.max_pretoken)
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -160,7 +251,7 @@ def _pattern(pre: dict | None) -> str | None:
     return None
 
 
-class TiktokenEncoder:
+class TiktokenEncoder(_LongDocuments):
     """tiktoken over the same BPE ranks; documents holding a special token's text go through HF."""
 
     name = "tiktoken"
@@ -193,23 +284,60 @@ class TiktokenEncoder:
         contents = [t["content"] for t in spec.get("added_tokens", [])]
         self.special_re = re.compile("|".join(map(re.escape, contents))) if contents else None
         self.hf = hf or HFEncoder(path, threads)
+        self.pattern = pattern
+        self.stats = self.hf.stats  # one count for both paths (long documents holding a special token go through HF)
+        self._init_long(self.hf.long_pretoken)
 
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+    def set_long(self, long_chars=None, piece=None, max_pretoken=None, policy=None) -> None:
+        super().set_long(long_chars, piece, max_pretoken, policy)
+        self.hf.set_long(long_chars, piece, max_pretoken, policy)
+
+    def _encode_piece(self, texts: list[str]) -> list[list[int]]:
         if self.threads > 1:
-            out = self.enc.encode_ordinary_batch(texts, num_threads=self.threads)
-        else:  # the batch call's thread pool costs more than it gives with one thread
-            out = [self.enc.encode_ordinary(t) for t in texts]
+            return self.enc.encode_ordinary_batch(texts, num_threads=self.threads)
+        return [self.enc.encode_ordinary(t) for t in texts]  # the batch call's pool costs more than it gives on 1 thread
+
+    def _make_cutter(self):
+        """Cuts from the regex tiktoken splits with (as tiktoken's own Python-side splitting runs it)."""
+        if self.pattern not in long_docs.safe_patterns():
+            return None
+        import regex
+
+        split = regex.compile(self.pattern)
+
+        def starts(window: str) -> list[int]:
+            return [m.start() for m in split.finditer(window)]
+
+        return long_docs.Cutter(starts, None, 0, self.piece_chars, self.max_pretoken)
+
+    def _long(self, text: str, where: str):
+        if self.special_re and self.special_re.search(text):  # as for short documents: HF matches added tokens
+            return self.hf._long(text, where)
+        return super()._long(text, where)
+
+    def _encode(self, texts: list[str]) -> list[list[int]]:
+        out = self._encode_piece(texts)
         if self.special_re:
             for i, text in enumerate(texts):
                 if self.special_re.search(text):  # HF matches added tokens inside text; tiktoken would not
-                    out[i] = self.hf.encode_batch([text])[0]
+                    out[i] = self.hf._encode([text])[0]
         return out
 
 
-def make_encoder(path: str | Path, backend: str, sample: list[str], threads: int = 1, tok=None):
-    """The fastest encoder that gives exactly the HF tokenizer's ids on `sample` + PROBES (`tok`: the
-    tokenizers.Tokenizer of `path`, if already loaded)."""
-    hf = HFEncoder(path, threads, tok)
+def make_encoder(
+    path: str | Path,
+    backend: str,
+    sample: list[str],
+    threads: int = 1,
+    tok=None,
+    long_pretoken: str = "split",
+    where: list[str] | None = None,
+):
+    """The fastest encoder that gives exactly the HF tokenizer's ids on `sample` (those up to
+    long_docs.LONG_DOC_CHARS characters) + PROBES (`tok`: the tokenizers.Tokenizer of `path`, if already
+    loaded). `long_pretoken`: data.long_pretoken, for pre-tokens too long to encode (long_docs.py);
+    `where`: the sample texts' origins, named if the tokenizer fails on one."""
+    hf = HFEncoder(path, threads, tok, long_pretoken)
     if backend == "hf":
         return hf
     try:
@@ -219,8 +347,10 @@ def make_encoder(path: str | Path, backend: str, sample: list[str], threads: int
             raise ValueError(f"tokenizer.backend is 'tiktoken' but {path} cannot use it: {exc}") from None
         log.warning("tiktoken backend not usable (%s): using the HF tokenizer", exc)
         return hf
-    check = sample + PROBES
-    want, got = hf.encode_batch(check), fast.encode_batch(check)
+    keep = [i for i, t in enumerate(sample) if len(t) <= long_docs.LONG_DOC_CHARS]  # long ones: see long_docs.py
+    check = [sample[i] for i in keep] + PROBES
+    names = [long_docs.name(where, i) for i in keep] + [f"tokenizer probe {j}" for j in range(len(PROBES))]
+    want, got = hf.encode_batch(check, names), fast.encode_batch(check, names)
     bad = [i for i, (a, b) in enumerate(zip(want, got)) if a != b]
     if bad:
         msg = f"tiktoken ids differ from the HF tokenizer on {len(bad)} of {len(check)} sample texts"

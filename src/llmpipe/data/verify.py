@@ -31,10 +31,11 @@ from pathlib import Path
 import numpy as np
 
 from llmpipe.data import mixture
+from llmpipe.data.get_data import load_sources
 from llmpipe.data.pack import IGNORE_INDEX, Layout, order
 from llmpipe.data.readers import ReadStats, documents
 from llmpipe.data.sources import assign, doc_id
-from llmpipe.data.token_store import SPLITS, TokenStore
+from llmpipe.data.token_store import SPLITS, TokenStore, fingerprint_part
 from llmpipe.io import sha256_file, write_json
 
 log = logging.getLogger(__name__)
@@ -231,7 +232,7 @@ def check_store(store: TokenStore, locate=None) -> dict:
                     totals[split][c] += counts[split][c]
         finally:
             shard.close()
-        digest.update(json.dumps(entry, sort_keys=True).encode())
+        digest.update(fingerprint_part(entry))
     if totals != m["totals"]:
         raise VerifyError(f"{store.manifest_path}: totals {m['totals']} differ from the shards' {totals}")
     if digest.hexdigest() != m["fingerprint"]:
@@ -254,7 +255,8 @@ def _retokenized(store: TokenStore, tokenizer, data_cfg: dict, sources: list[str
         return out
 
     for s_idx, source in plan.sources:
-        for r_idx, text in documents(source, data_cfg, ReadStats(), mixture.keeper(mix, s_idx, plan.keep)):
+        keep, stride, part = plan.reading(s_idx)  # a source split into byte ranges: only this shard's range
+        for r_idx, text in documents(source, data_cfg, ReadStats(), mixture.keeper(mix, s_idx, keep), stride, part):
             if limit is not None and seen >= limit:
                 break
             batch.append((doc_id(s_idx, r_idx), text))
@@ -586,7 +588,7 @@ def verify(
     manifest: str | Path, views: list[Path], tokenizer_dir: Path, sources_json: Path, data_cfg: dict, out: Path, sample: int = 64
 ) -> dict:
     store = TokenStore(manifest)
-    sources = [e["source"] for e in json.loads(Path(sources_json).read_text())["sources"]]
+    sources = load_sources(sources_json)  # with the byte ranges of split sources
     mix = mixture.load(sources_json)
     result = {
         "tokenizer": store.manifest["tokenizer"],
