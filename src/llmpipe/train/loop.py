@@ -3,7 +3,8 @@ train / train_step / forward_backward split: the loop here decides when to valid
 stop; a backend's trainer does one step (`train_step`), validation (`validate`) and checkpoints (`save`).
 
 A metrics record a step: step, loss, lr, grad_norm, tokens, epoch, tokens_per_s (+ val_loss, val_tokens
-at validation steps). Steps count from 1: step s is the state after s optimizer steps.
+at validation steps, + what the trainer's optional `step_metrics()` adds, e.g. the torch trainer's
+data_wait_s and step_s). Steps count from 1: step s is the state after s optimizer steps.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ class StepLoop:
         for step in range(self.start, t["max_steps"]):
             done = step + 1
             record = self.record(done, *trainer.train_step(step))
+            if (extra := getattr(trainer, "step_metrics", None)) is not None:
+                record.update(extra())
             if due(done, t["eval_interval"], t["max_steps"]) and (val := trainer.validate()) is not None:
                 record.update(val_loss=val[0], val_tokens=val[1])
                 last_val = val[0]

@@ -18,14 +18,24 @@ def logits_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.T
 
 
 def lm_loss_sum(
-    model, input_ids: torch.Tensor, labels: torch.Tensor, attention_mask: torch.Tensor | None = None
+    model,
+    input_ids: torch.Tensor,
+    labels: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    position_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`logits_loss_sum` of the model's forward pass.
 
     Without an attention mask: rows are packed (all real tokens) or padded only at the end, and causal
-    attention never lets a real token see later padding. The colossal trainer passes the view's mask.
+    attention never lets a real token see later padding. The colossal trainer passes the view's mask;
+    the torch trainer's document masking a 4D block-diagonal mask and per-document position_ids
+    (llmpipe.train.documents).
     """
-    inputs = {"input_ids": input_ids} if attention_mask is None else {"input_ids": input_ids, "attention_mask": attention_mask}
+    inputs = {"input_ids": input_ids}
+    if attention_mask is not None:
+        inputs["attention_mask"] = attention_mask
+    if position_ids is not None:
+        inputs["position_ids"] = position_ids
     return logits_loss_sum(model(**inputs).logits, labels)
 
 
@@ -36,11 +46,20 @@ def label_count(batches: list[dict]) -> int:
 
 @torch.no_grad()
 def dataset_loss(
-    model, dataset, batch_size: int, device: torch.device, autocast_dtype=None, progress: str | None = None
+    model,
+    dataset,
+    batch_size: int,
+    device: torch.device,
+    autocast_dtype=None,
+    progress: str | None = None,
+    document_masking: bool = False,
 ) -> tuple[float, int]:
     """Token-weighted mean loss over a whole view split, and the number of predicted tokens
-    (with a progress bar named `progress`, if given)."""
+    (with a progress bar named `progress`, if given; with `document_masking`, each document of a packed
+    row on its own, as the torch trainer trains it: llmpipe.train.documents)."""
     from tqdm import tqdm
+
+    from llmpipe.train.documents import model_inputs
 
     was_training = model.training
     model.eval()
@@ -49,7 +68,7 @@ def dataset_loss(
     for start in tqdm(starts, desc=progress, unit=" batches", mininterval=10, disable=progress is None):
         batch = dataset[start : start + batch_size]
         with torch.autocast(device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
-            loss, n = lm_loss_sum(model, batch["input_ids"].to(device), batch["labels"].to(device))
+            loss, n = lm_loss_sum(model, labels=batch["labels"].to(device), **model_inputs(batch, device, document_masking))
         total += loss.double().cpu()
         count += int(n)
     model.train(was_training)

@@ -29,6 +29,8 @@ RESUME_NEUTRAL = {
     "resume",
     "skip_nonfinite_steps",
     "slurm_auto_resume",
+    "prefetch",  # when rows are read, not which
+    "compile",  # the same math, kernels fused (resuming eager <-> compiled is fine)
 }
 IDENTITY = ("init_sha256", "view")  # fingerprint entries that are not settings
 

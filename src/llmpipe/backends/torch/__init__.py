@@ -1,4 +1,4 @@
-"""Plain PyTorch backend: transformers LlamaForCausalLM (SDPA), AdamW, DDP under torchrun."""
+"""Plain PyTorch backend: transformers LlamaForCausalLM (SDPA), AdamW, DDP or FSDP2 under torchrun."""
 
 from llmpipe.backends import Backend
 
@@ -6,13 +6,18 @@ from llmpipe.backends import Backend
 def _checks(cfg: dict) -> list[str]:
     from llmpipe.parallelism import data_parallel_problems, refuse
 
-    only = {"tp": [1], "pp": [1], "zero": [0], "activation_checkpointing": [False]}  # DDP, whole model per process
-    return refuse(cfg, "torch (DDP)", only) + data_parallel_problems(cfg)
+    # zero 0: DDP, the whole model per process; zero 3: FSDP2 (fully_shard), weights, gradients and optimizer sharded
+    out = refuse(cfg, "torch (DDP)", {"tp": [1], "pp": [1]})  # data parallel only
+    out += refuse(cfg, "torch (DDP / FSDP2)", {"zero": [0, 3], "activation_checkpointing": [False, True]})
+    out += data_parallel_problems(cfg)
+    if cfg["train"].get("document_masking") is True and not cfg.get("data", {}).get("segment_ids", True):
+        out.append("'train.document_masking' true needs the view's segment_ids, but 'data.segment_ids' is false")
+    return out
 
 
 BACKEND = Backend(
     name="torch",
-    doc="plain PyTorch: DDP under torchrun, srun + torchrun per node on Slurm",
+    doc="plain PyTorch: DDP or FSDP2 (parallel.zero 3) under torchrun, srun + torchrun per node on Slurm",
     commands={"torch-train": "llmpipe.backends.torch.train"},
     env="envs/torch.yaml",
     checks=_checks,

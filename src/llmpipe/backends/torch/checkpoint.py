@@ -2,12 +2,19 @@
 RNG and the trainer state (step, fingerprint). Steps, sealing, verification and pruning are the shared
 llmpipe.train.checkpoint's; this module builds a step under a temporary name, seals it, renames it into
 place, and restores it.
+
+Under FSDP2 (parallel.zero 3) weights and optimizer state are sharded: `save_sharded` writes them with
+torch.distributed.checkpoint (DCP) into dcp/ (every rank its shards, rank 0 the metadata), beside the
+same scheduler.pt, rng.pt and trainer_state.json ("format": "dcp"); `load_sharded` reads them back on
+any number of processes (DCP reshards on load).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -25,12 +32,7 @@ def save(root: Path, step: int, model, optimizer, scheduler, state: dict, keep: 
         tmp.mkdir(parents=True)
         save_model(model, str(tmp / "model.safetensors"))  # handles tied (shared) weights
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-        rng = {"cpu": torch.get_rng_state()}
-        if torch.cuda.is_available():
-            rng["cuda"] = torch.cuda.get_rng_state_all()
-        torch.save(rng, tmp / "rng.pt")
-        (tmp / "trainer_state.json").write_text(json.dumps({**state, "step": step}, indent=2, sort_keys=True))
+        _save_rest(tmp, step, scheduler, state)
         seal(tmp)
     prune(root, keep)
     log.info("checkpoint %s", target)
@@ -41,6 +43,64 @@ def load(path: Path, model, optimizer, scheduler) -> dict:
     """Restore everything saved by `save` (tensors only: weights_only=True) and return the trainer state."""
     load_model(model, str(path / "model.safetensors"), strict=True)
     optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+    scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
+    rng = torch.load(path / "rng.pt", weights_only=True)
+    torch.set_rng_state(rng["cpu"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+    return json.loads((path / "trainer_state.json").read_text())
+
+
+def _save_rest(folder: Path, step: int, scheduler, state: dict) -> None:
+    torch.save(scheduler.state_dict(), folder / "scheduler.pt")
+    rng = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        rng["cuda"] = torch.cuda.get_rng_state_all()
+    torch.save(rng, folder / "rng.pt")
+    (folder / "trainer_state.json").write_text(json.dumps({**state, "step": step}, indent=2, sort_keys=True))
+
+
+def save_sharded(root: Path, step: int, model, optimizer, scheduler, state: dict, keep: int, main: bool) -> Path:
+    """A step of an FSDP2 run (collective: every rank calls it): DCP shards in dcp/, the rest by rank 0;
+    sealed and renamed into place by rank 0 like `save`."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    target = step_dir(root, step)
+    tmp = target.with_name(f".{target.name}.tmp-dcp")
+    if main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    dist.barrier()
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(tmp / "dcp"))
+    dist.barrier()
+    if main:
+        _save_rest(tmp, step, scheduler, {**state, "format": "dcp"})
+        seal(tmp)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+        prune(root, keep)
+        log.info("checkpoint %s (DCP, %d processes)", target, dist.get_world_size())
+    dist.barrier()
+    return target
+
+
+def is_sharded(path: Path) -> bool:
+    return (path / "dcp").is_dir()
+
+
+def load_sharded(path: Path, model, optimizer, scheduler) -> dict:
+    """Restore a `save_sharded` step into an FSDP2 model and its optimizer on this run's processes."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optimizer": optim_sd}
+    dcp.load(state, checkpoint_id=str(path / "dcp"))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
     rng = torch.load(path / "rng.pt", weights_only=True)
     torch.set_rng_state(rng["cpu"])

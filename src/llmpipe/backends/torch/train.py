@@ -1,12 +1,16 @@
 """torch-train (torch backend): AdamW + warmup/cosine, grad clipping and accumulation, bf16 autocast where
-supported, resumable checkpoints, periodic validation, JSONL metrics. Runs alone or under torchrun (DDP).
+supported, resumable checkpoints, periodic validation, JSONL metrics. Runs alone or under torchrun:
+DDP (parallel.zero 0) or FSDP2 (parallel.zero 3, torch.distributed.fsdp.fully_shard, DCP checkpoints
+that resume on any number of processes), with activation checkpointing (parallel.activation_checkpointing),
+document masking of packed rows (train.document_masking), torch.compile (train.compile) and rows read
+by a background thread while the step runs (train.prefetch; the wait is the metric data_wait_s).
 
   python -m llmpipe torch-train --config C --init DIR --data VIEW --checkpoints DIR --metrics F --out DIR
   torchrun --standalone --nproc_per_node 2 -m llmpipe torch-train ...
 
 The recipe (loss, optimizer groups, schedule, resume fingerprint, metrics, step loop, checkpoint steps)
-is llmpipe.train's, shared with the colossal trainer; here: the process group, DDP, autocast and the
-torch checkpoint files.
+is llmpipe.train's, shared with the colossal trainer; here: the process group, DDP / FSDP2, autocast and
+the torch checkpoint files.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
+import time
 from pathlib import Path
 
 import torch
@@ -25,11 +31,13 @@ from llmpipe.io import atomic_path, write_json
 from llmpipe.train.batching import Sampler, grad_accum_steps
 from llmpipe.train.checkpoint import CheckpointError
 from llmpipe.train.cli import trainer_parser
+from llmpipe.train.documents import model_inputs
 from llmpipe.train.guard import NonFiniteError, NonFiniteGuard
 from llmpipe.train.loop import StepLoop
 from llmpipe.train.loss import dataset_loss, label_count, lm_loss_sum
 from llmpipe.train.metrics import MetricsWriter
 from llmpipe.train.optim import build_optimizer
+from llmpipe.train.prefetch import Prefetcher
 from llmpipe.train.resume import fingerprint, resume_state
 from llmpipe.train.view import load_view
 
@@ -39,15 +47,23 @@ log = logging.getLogger(__name__)
 class Dist:
     """Process group facts; a single process is world size 1."""
 
-    def __init__(self):
+    def __init__(self, group: bool = False):
+        """`group`: a process group even for one process (FSDP2 and DCP need one)."""
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         self.rank = int(os.environ.get("RANK", "0"))
         local = int(os.environ.get("LOCAL_RANK", "0"))
         self.device = torch.device(f"cuda:{local}") if torch.cuda.is_available() else torch.device("cpu")
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
+        self.grouped = self.world > 1 or group
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
         if self.world > 1:
-            dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
+            dist.init_process_group(backend)
+        elif group:  # one process, not under torchrun: a group of one on a free local port
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = sock.getsockname()[1]
+            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
 
     @property
     def main(self) -> bool:
@@ -60,11 +76,11 @@ class Dist:
         return value
 
     def barrier(self) -> None:
-        if self.world > 1:
+        if self.grouped:
             dist.barrier()
 
     def close(self) -> None:
-        if self.world > 1:
+        if self.grouped:
             dist.destroy_process_group()
 
 
@@ -74,14 +90,49 @@ def autocast_dtype(precision: str, device: torch.device):
     return None
 
 
-def load_model(init_dir: Path, device: torch.device):
+def load_model(init_dir: Path, device: torch.device, activation_checkpointing: bool = False):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(
         str(init_dir), dtype=torch.float32, attn_implementation="sdpa", trust_remote_code=False
     ).to(device)
+    if activation_checkpointing:  # recompute each decoder layer in backward (non-reentrant: DDP, FSDP2, compile)
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
     return model
+
+
+def fully_shard_model(model, amp) -> None:
+    """FSDP2: each decoder layer its own unit (gathered just before it runs), the rest (embeddings, final
+    norm, head) the root's. bf16 precision: bf16 parameters in compute, gradients reduced in fp32."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if amp is not None else None
+    kwargs = {"mp_policy": mp} if mp is not None else {}
+    for layer in model.model.layers:
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+
+
+def compile_layers(model) -> None:
+    """torch.compile each decoder layer in place (torchtitan's per-block compile): the layers share one
+    compiled graph, so compile time does not grow with depth, and module names (state dicts,
+    checkpoints) stay as they are. Works under DDP and FSDP2 alike; embeddings and the head stay eager."""
+    for layer in model.model.layers:
+        layer.compile()
+
+
+def full_norm(norm) -> float:
+    """A gradient norm as a float (FSDP2's is a DTensor: its full value)."""
+    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+
+
+def document_masking(t: dict, columns: list[str]) -> bool:
+    """train.document_masking: auto = on when the view has segment_ids; true requires them."""
+    has = "segment_ids" in columns
+    if t["document_masking"] is True and not has:
+        raise ValueError("train.document_masking is true but the view has no segment_ids (data.segment_ids false)")
+    return t["document_masking"] is not False and has
 
 
 class Trainer:
@@ -89,86 +140,139 @@ class Trainer:
 
     def __init__(self, cfg: dict, init_dir: Path, data_dir: Path, ckpt_root: Path):
         self.cfg, self.t, self.ckpt_root = cfg, cfg["train"], ckpt_root
-        t = self.t
+        t, par = self.t, cfg.get("parallel", {})
+        self.fsdp = (par.get("zero") or 0) == 3
         torch.set_num_threads(t["threads"])
-        self.env = Dist()
+        self.env = Dist(group=self.fsdp)
         self.accum = grad_accum_steps(t["global_batch_size"], t["micro_batch_size"], self.env.world)
         self.amp = autocast_dtype(t["precision"], self.env.device)
         self.train_ds, self.val_ds = (ds.with_format("torch") for ds in load_view(data_dir, t))
+        self.masking = document_masking(t, self.train_ds.column_names)
         self.sampler = Sampler(len(self.train_ds), t["seed"])
         torch.manual_seed(t["seed"])
-        self.model = load_model(init_dir, self.env.device)
+        self.model = load_model(init_dir, self.env.device, bool(par.get("activation_checkpointing")))
+        if self.fsdp:  # shard before the optimizer sees the parameters (it holds the shards)
+            fully_shard_model(self.model, self.amp)
         self.optimizer, self.scheduler = build_optimizer(self.model, t)
-        self.fp = fingerprint(cfg, init_dir, data_dir)
+        # FSDP2 checkpoints are DCP shards, DDP's whole safetensors: neither resumes the other.
+        self.fp = fingerprint(cfg, init_dir, data_dir, **({"torch": {"zero": 3}} if self.fsdp else {}))
         self.guard = NonFiniteGuard(t["skip_nonfinite_steps"])
         self.ddp = None
+        self.net = self.model  # what the training forward calls: DDP's wrapper and/or the compiled module
+        self.rows: Prefetcher | None = None
+        self.data_wait_s = self.step_s = 0.0
 
     def resume(self) -> int:
         """Restore the newest intact checkpoint of this setup (weights, optimizer, schedule, RNG); its step."""
         found = resume_state(self.ckpt_root, self.t, self.fp, self.env.main)
         if found is None:
             return 0
-        start = ckpt.load(found[0], self.model, self.optimizer, self.scheduler)["step"]
+        if ckpt.is_sharded(found[0]):
+            start = ckpt.load_sharded(found[0], self.model, self.optimizer, self.scheduler)["step"]
+        else:
+            start = ckpt.load(found[0], self.model, self.optimizer, self.scheduler)["step"]
         log.info("resumed from %s (step %d)", found[0], start)
         return start
 
     def distribute(self) -> None:
-        """DDP over the process group, once the resumed weights are in place."""
-        if self.env.world > 1:
+        """DDP over the process group (FSDP2 is in place already), once the resumed weights are in place;
+        torch.compile of the decoder layers (train.compile)."""
+        if self.env.world > 1 and not self.fsdp:
             self.ddp = torch.nn.parallel.DistributedDataParallel(self.model)
+        self.net = self.ddp or self.model
+        if self.t["compile"]:
+            compile_layers(self.model)
         if self.env.main:
             log.info(
-                "world %d, micro batch %d, grad accumulation %d, global batch %d, precision %s, %d parameters",
+                "world %d (%s), micro batch %d, grad accumulation %d, global batch %d, precision %s, %d parameters, "
+                "document masking %s, compile %s, activation checkpointing %s, prefetch %d",
                 self.env.world,
+                "FSDP2" if self.fsdp else "DDP",
                 self.t["micro_batch_size"],
                 self.accum,
                 self.t["global_batch_size"],
                 self.amp or "fp32",
-                self.model.num_parameters(),
+                sum(p.numel() for p in self.model.parameters()) * (self.env.world if self.fsdp else 1),
+                "on" if self.masking else "off",
+                "on" if self.t["compile"] else "off",
+                "on" if bool(self.cfg.get("parallel", {}).get("activation_checkpointing")) else "off",
+                self.t["prefetch"],
             )
+
+    def read_rows(self, step: int) -> tuple[list[dict], int]:
+        """This rank's micro batches of `step` and their labelled positions (the prefetch thread's job)."""
+        t, env = self.t, self.env
+        micro = self.sampler.micro_batches(step, t["global_batch_size"], t["micro_batch_size"], env.rank, env.world)
+        batches = [self.train_ds[ids.tolist()] for ids in micro]
+        return batches, label_count(batches)
+
+    def start_reading(self, start: int) -> None:
+        self.rows = Prefetcher(self.read_rows, start, self.t["max_steps"], self.t["prefetch"])
+
+    def step_metrics(self) -> dict:
+        """Extra fields of this step's metrics record (llmpipe.train.loop): seconds waiting for rows, and the
+        whole step's seconds (their ratio is the share of the step spent waiting on data)."""
+        return {"data_wait_s": round(self.data_wait_s, 6), "step_s": round(self.step_s, 6)}
 
     def autocast(self):
         return torch.autocast(self.env.device.type, dtype=self.amp or torch.bfloat16, enabled=self.amp is not None)
 
     def train_step(self, step: int) -> tuple[float, float, float]:
         t, env = self.t, self.env
-        micro = self.sampler.micro_batches(step, t["global_batch_size"], t["micro_batch_size"], env.rank, env.world)
-        batches = [self.train_ds[ids.tolist()] for ids in micro]
-        global_count = env.sum(torch.tensor(float(label_count(batches)), device=env.device))
+        begin = time.perf_counter()
+        if self.rows is None:
+            self.start_reading(step)
+        batches, count = self.rows.get(step)
+        self.data_wait_s = self.rows.wait_s
+        global_count = env.sum(torch.tensor(float(count), device=env.device))
         loss_sum = self.forward_backward(batches, global_count)
         max_norm = t["grad_clip"] if t["grad_clip"] > 0 else float("inf")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        grad_norm = full_norm(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
         lr = self.optimizer.param_groups[0]["lr"]
         loss = float(env.sum(loss_sum) / global_count)  # the same on every rank (all-reduced), as is grad_norm
         if self.guard.ok(step + 1, loss, grad_norm):
             self.optimizer.step()
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+        self.step_s = time.perf_counter() - begin
         return loss, lr, grad_norm
 
     def forward_backward(self, batches: list[dict], global_count: torch.Tensor) -> torch.Tensor:
         """Gradients of the global token-mean loss from this rank's micro batches; their loss sum."""
-        net, device = self.ddp or self.model, self.env.device
+        device = self.env.device
         loss_sum = torch.zeros((), device=device)
         for i, batch in enumerate(batches):
-            last = self.ddp is None or i == len(batches) - 1
-            with contextlib.nullcontext() if last else self.ddp.no_sync(), self.autocast():
-                part, _ = lm_loss_sum(net, batch["input_ids"].to(device), batch["labels"].to(device))
-                # DDP averages gradients over ranks; scale so the result is the global token mean.
+            last = i == len(batches) - 1
+            if self.fsdp:  # reduce-scatter gradients only after the last micro batch
+                self.model.set_requires_gradient_sync(last)
+            sync = contextlib.nullcontext() if last or self.ddp is None else self.ddp.no_sync()
+            with sync, self.autocast():
+                inputs = model_inputs(batch, device, self.masking)
+                part, _ = lm_loss_sum(self.net, labels=batch["labels"].to(device), **inputs)
+                # DDP and FSDP2 average gradients over ranks; scale so the result is the global token mean.
                 (part * self.env.world / global_count).backward()
             loss_sum += part.detach()
         return loss_sum
 
     def evaluate(self) -> tuple[float, int]:
-        return dataset_loss(self.model, self.val_ds, self.cfg["eval"]["batch_size"], self.env.device, self.amp)
+        return dataset_loss(
+            self.model, self.val_ds, self.cfg["eval"]["batch_size"], self.env.device, self.amp, document_masking=self.masking
+        )
 
     def validate(self) -> tuple[float, int] | None:
-        """Validation on the main rank (the model is whole on every rank)."""
-        val = self.evaluate() if self.env.main else None
+        """Validation on the main rank (DDP: the model is whole on every rank); under FSDP2 every rank runs
+        it (each layer's weights are gathered from all ranks)."""
+        val = self.evaluate() if self.env.main or self.fsdp else None
         self.env.barrier()
-        return val
+        return val  # under FSDP2 on every rank, so that every rank agrees whether finish() validates again
 
     def save(self, step: int) -> None:
+        if self.fsdp:
+            state = {"fingerprint": self.fp, "world_size": self.env.world}
+            ckpt.save_sharded(
+                self.ckpt_root, step, self.model, self.optimizer, self.scheduler, state, self.t["keep_checkpoints"], self.env.main
+            )
+            return
         if self.env.main:
             ckpt.save(
                 self.ckpt_root,
@@ -189,13 +293,20 @@ class Trainer:
             "world_size": self.env.world,
             "precision": str(self.amp or "fp32"),
             "resumed_from_step": start,
+            "data_parallel": "fsdp2" if self.fsdp else "ddp",
+            "document_masking": self.masking,
         }
+        if last_val is None and (self.env.main or self.fsdp):  # resumed at max_steps: still report validation
+            summary["final_val_loss"], _ = self.evaluate()
+        state_dict = None
+        if self.fsdp:  # the whole weights, gathered from every rank's shards (collective)
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            state_dict = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if not self.env.main:
             return summary
-        if last_val is None:  # resumed at max_steps: nothing left to train, still report validation
-            summary["final_val_loss"], _ = self.evaluate()
         with atomic_path(out_dir) as tmp:
-            self.model.save_pretrained(str(tmp))
+            self.model.save_pretrained(str(tmp), state_dict=state_dict)
             write_json(tmp / "train_summary.json", summary)
         log.info("trained model -> %s (final val_loss %.4f)", out_dir, summary["final_val_loss"])
         return summary
@@ -206,7 +317,11 @@ def train(cfg: dict, init_dir, data_dir, ckpt_root, metrics_path, out_dir, stop_
     start = trainer.resume()
     trainer.distribute()
     metrics = MetricsWriter(Path(metrics_path), start, trainer.env.main, tensorboard=True)
-    stopped, last_val = StepLoop(trainer.t, trainer.sampler, start, metrics, trainer.env.main).run(trainer, stop_after)
+    try:
+        stopped, last_val = StepLoop(trainer.t, trainer.sampler, start, metrics, trainer.env.main).run(trainer, stop_after)
+    finally:
+        if trainer.rows is not None:
+            trainer.rows.close()
     summary = None if stopped else trainer.finish(Path(out_dir), start, last_val)
     metrics.close()
     if not stopped:

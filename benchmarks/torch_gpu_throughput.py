@@ -1,0 +1,264 @@
+"""Training throughput of the torch backend on GPUs: tokens/s per GPU and MFU for a ~1B Llama at seq
+4096 in bf16, DDP and FSDP2, torch.compile on/off, document masking on/off, beside a minimal training
+loop (the same model, AdamW and bf16 autocast, nothing of llmpipe's) as the reference.
+
+  python benchmarks/torch_gpu_throughput.py [--gpus 8] [--modes ddp,fsdp2,minimal] [--compile off,on] \\
+      [--masking off,on] [--shape 1b] [--seq 4096] [--micro 1] [--steps 10] [--out throughput.json]
+  python benchmarks/torch_gpu_throughput.py --cpu-smoke   # a seconds-long check of the script on CPU (gloo)
+
+Without a CUDA GPU (and without --cpu-smoke) it says so and exits 0. Each case is its own `torchrun
+--standalone --nproc_per_node GPUS` process, so an OOM is recorded as such and frees everything.
+Random tokens; with masking, rows are cut into documents of random lengths (mean --doc-len) and the step
+uses llmpipe.train.documents' block-diagonal mask and per-document positions, as the trainer does.
+Global batch = micro x GPUs (no accumulation); warmup steps (compile included) are not timed.
+
+  ddp       llmpipe.backends.torch.train's step: fp32 weights + bf16 autocast, torch AdamW, DDP
+  fsdp2     the same under fully_shard (parallel.zero 3): bf16 params, fp32 gradient reduction
+  minimal   model(ids) -> loss -> backward -> AdamW step, bf16 autocast, DDP: the floor of overhead
+
+MFU = tokens/s/GPU x FLOPs per token (llmpipe.plan: 6 N_matmul + 12 L d s) / peak dense BF16 of the
+GPU (--peak-tflops, else by name: H100/H200 989, A100 312). No figures are recorded in the docs yet:
+no GPU was available when this was written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+SHAPES = {  # Llama shapes (HF config names); 1b: TinyLlama-1.1B's layout without GQA
+    "tiny": dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, vocab_size=512
+    ),
+    "1b": dict(
+        hidden_size=2048,
+        intermediate_size=5632,
+        num_hidden_layers=22,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        vocab_size=32000,
+    ),
+}
+PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
+
+
+# ---------------------------------------------------------------- one case (inside torchrun)
+
+
+def segments(micro: int, seq: int, doc_len: int, gen):
+    """[micro, seq] segment ids: documents of lengths drawn uniformly from 1..2*doc_len, cut at the row end."""
+    import torch
+
+    rows = []
+    for _ in range(micro):
+        lengths, total = [], 0
+        while total < seq:
+            n = int(torch.randint(1, 2 * doc_len + 1, (1,), generator=gen))
+            lengths.append(min(n, seq - total))
+            total += lengths[-1]
+        rows.append(torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths)))
+    return torch.stack(rows)
+
+
+def run_case(case: dict) -> dict:
+    import torch
+    import torch.distributed as dist
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from llmpipe import config as cfgmod
+    from llmpipe.backends.torch.train import autocast_dtype, compile_layers, full_norm, fully_shard_model
+    from llmpipe.plan import Shape, flops_per_token, matmul_parameters, parameters
+    from llmpipe.train.documents import model_inputs
+    from llmpipe.train.loss import lm_loss_sum
+    from llmpipe.train.optim import build_optimizer
+
+    on_gpu = torch.cuda.is_available()
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device("cuda", local) if on_gpu else torch.device("cpu")
+    if on_gpu:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if on_gpu else "gloo")
+    world, rank = dist.get_world_size(), dist.get_rank()
+    seq, micro, mode = case["seq"], case["micro"], case["mode"]
+    hf = LlamaConfig(**SHAPES[case["shape"]], max_position_embeddings=seq, rope_theta=10000.0)
+    t = cfgmod.load(None)["train"]
+    t.update(seq_len=seq, micro_batch_size=micro, global_batch_size=micro * world, max_steps=1000, warmup_steps=10)
+    amp = autocast_dtype("auto", device) if on_gpu else None
+    torch.manual_seed(0)
+    model = LlamaForCausalLM._from_config(hf, attn_implementation="sdpa", dtype=torch.float32).to(device)
+    model.train()
+    if mode == "fsdp2":
+        fully_shard_model(model, amp)
+    if case["compile"]:
+        compile_layers(model)
+    opt, sched = build_optimizer(model, t)
+    net = torch.nn.parallel.DistributedDataParallel(model) if mode != "fsdp2" and world > 1 else model
+
+    def step(batch):
+        with torch.autocast(device.type, dtype=amp or torch.bfloat16, enabled=amp is not None):
+            if mode == "minimal":
+                loss = net(input_ids=batch["input_ids"], labels=batch["input_ids"]).loss
+            else:
+                loss, n = lm_loss_sum(net, labels=batch["input_ids"], **model_inputs(batch, device, case["masking"]))
+                loss = loss / n
+        loss.backward()
+        if mode != "minimal":
+            full_norm(torch.nn.utils.clip_grad_norm_(model.parameters(), t["grad_clip"]))
+            sched.step()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    gen = torch.Generator().manual_seed(rank)
+    batches = [
+        {
+            "input_ids": torch.randint(0, hf.vocab_size, (micro, seq), generator=gen).to(device),
+            "segment_ids": segments(micro, seq, case["doc_len"], gen).to(device),
+        }
+        for _ in range(2)
+    ]
+    sync = torch.cuda.synchronize if on_gpu else (lambda: None)
+    for i in range(case["warmup"]):
+        step(batches[i % 2])
+    sync()
+    dist.barrier()
+    start = time.perf_counter()
+    for i in range(case["steps"]):
+        step(batches[i % 2])
+    sync()
+    dist.barrier()
+    elapsed = time.perf_counter() - start
+    shape = Shape.from_hf(hf.to_dict())
+    n = parameters(shape)
+    tok_s_gpu = case["steps"] * micro * seq / elapsed
+    out = {
+        **case,
+        "world": world,
+        "parameters": n,
+        "precision": str(amp or "fp32"),
+        "step_s": elapsed / case["steps"],
+        "tokens_per_s_per_gpu": tok_s_gpu,
+        "model_tflops_per_gpu": tok_s_gpu * flops_per_token(shape, matmul_parameters(shape, n), seq) / 1e12,
+        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if on_gpu else None,
+        "device": torch.cuda.get_device_name() if on_gpu else "cpu",
+    }
+    dist.barrier()
+    dist.destroy_process_group()
+    return out
+
+
+# ---------------------------------------------------------------- driver
+
+
+def peak_for(device: str, given: float | None) -> float | None:
+    if given:
+        return given
+    return next((v for k, v in PEAK_TFLOPS.items() if k in device), None)
+
+
+def cases(args) -> list[dict]:
+    out = []
+    for mode in args.modes.split(","):
+        for comp in args.compile.split(","):
+            for mask in args.masking.split(","):
+                if mode == "minimal" and mask == "on":  # the reference loop has no document masking
+                    continue
+                out.append(
+                    {
+                        "shape": args.shape,
+                        "mode": mode,
+                        "compile": comp == "on",
+                        "masking": mask == "on",
+                        "seq": args.seq,
+                        "micro": args.micro,
+                        "steps": args.steps,
+                        "warmup": args.warmup,
+                        "doc_len": args.doc_len,
+                    }
+                )
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--gpus", type=int, default=None, help="processes (default: all visible GPUs)")
+    p.add_argument("--shape", default="1b", choices=sorted(SHAPES))
+    p.add_argument("--modes", default="minimal,ddp,fsdp2")
+    p.add_argument("--compile", default="off,on", help="off, on or both (off,on)")
+    p.add_argument("--masking", default="off,on", help="document masking: off, on or both")
+    p.add_argument("--seq", type=int, default=4096)
+    p.add_argument("--micro", type=int, default=1, help="sequences per GPU per step")
+    p.add_argument("--doc-len", type=int, default=1024, help="mean document length with masking on")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--peak-tflops", type=float, default=None)
+    p.add_argument("--timeout", type=int, default=1800, help="seconds per case")
+    p.add_argument("--out", default=None, help="JSON results")
+    p.add_argument("--cpu-smoke", action="store_true", help="check the script on CPU: tiny shape, 2 gloo processes")
+    p.add_argument("--case", help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
+    args = p.parse_args()
+
+    if args.case:  # inside torchrun
+        out = run_case(json.loads(args.case))
+        if int(os.environ.get("RANK", "0")) == 0:
+            Path(args.result).write_text(json.dumps(out))
+        return
+
+    import torch
+
+    if args.cpu_smoke:
+        args.shape, args.seq, args.steps, args.warmup, args.doc_len, args.compile = "tiny", 128, 2, 1, 32, "off"
+        args.gpus = args.gpus or 2
+    elif not torch.cuda.is_available():
+        print(
+            "no CUDA GPU available: nothing measured (this benchmark measures GPU throughput; --cpu-smoke checks the script on CPU)"
+        )
+        return
+    gpus = args.gpus or torch.cuda.device_count()
+    results = []
+    for case in cases(args):
+        name = f"{case['mode']:<8} compile {'on ' if case['compile'] else 'off'} masking {'on ' if case['masking'] else 'off'}"
+        with tempfile.TemporaryDirectory() as tmp:
+            res = Path(tmp) / "r.json"
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(gpus)]
+            cmd += [__file__, "--case", json.dumps(case), "--result", str(res)]
+            env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}:{os.environ.get('PYTHONPATH', '')}"}
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
+                failed = proc.returncode != 0
+                tail = proc.stdout[-1500:] + proc.stderr[-1500:]
+            except subprocess.TimeoutExpired:
+                failed, tail = True, "timeout"
+            if failed or not res.exists():
+                why = "OOM" if "out of memory" in tail.lower() or "OutOfMemory" in tail else "failed"
+                results.append({**case, "world": gpus, "error": why, "log_tail": tail[-800:]})
+                print(f"{case['shape']:>4} {name} {why}", flush=True)
+                continue
+            r = json.loads(res.read_text())
+        peak = peak_for(r["device"], args.peak_tflops)
+        r["mfu"] = r["model_tflops_per_gpu"] / peak if peak else None
+        results.append(r)
+        mfu = "-" if r["mfu"] is None else f"{r['mfu']:.1%}"
+        mem = "-" if r["peak_memory_gib"] is None else f"{r['peak_memory_gib']:.1f} GiB"
+        print(
+            f"{case['shape']:>4} {name} {r['tokens_per_s_per_gpu']:>10.0f} tok/s/GPU  "
+            f"{r['model_tflops_per_gpu']:7.1f} TFLOP/s/GPU  MFU {mfu}  peak {mem}  ({r['device']} x {r['world']})",
+            flush=True,
+        )
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    if any("error" in r for r in results) and args.cpu_smoke:
+        raise SystemExit("a case failed")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""Document masking for packed rows: the view's `segment_ids` (document number inside a row, -1 on
+padding; llmpipe.data.pack) become the model inputs that keep every document to itself.
+
+- `document_mask`: a 4D boolean [B, 1, L, L] mask, True where query i may attend key j: j <= i and both
+  in the same segment (block-diagonal causal). transformers passes a 4D mask to SDPA as it is
+  (masking_utils returns a prepared 4D mask untouched), so no token attends across a document boundary.
+- `document_positions`: position ids that restart at 0 at every document start (RoPE sees each document
+  as if it began the row). A row's first segment may be the tail of a document that began in an earlier
+  row: it starts at 0 too (the row does not know the offset).
+
+Why an explicit mask and not transformers' packed-sequence detection (position_ids with no mask): the
+detection is a heuristic over position jumps that transformers may change between releases; the
+explicit mask says what we mean and works with SDPA, torch.compile and FSDP alike.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def document_positions(segment_ids: torch.Tensor) -> torch.Tensor:
+    """[B, L] position of each token inside its segment (0 at each segment's first token)."""
+    seg = segment_ids.long()
+    idx = torch.arange(seg.shape[-1], device=seg.device).expand_as(seg)
+    start = torch.ones_like(seg, dtype=torch.bool)
+    start[:, 1:] = seg[:, 1:] != seg[:, :-1]
+    first = torch.where(start, idx, torch.zeros_like(idx)).cummax(dim=-1).values
+    return idx - first
+
+
+def document_mask(segment_ids: torch.Tensor) -> torch.Tensor:
+    """[B, 1, L, L] bool: causal attention within a segment only (padding, -1, attends to padding)."""
+    seg = segment_ids.long()
+    length = seg.shape[-1]
+    causal = torch.ones(length, length, dtype=torch.bool, device=seg.device).tril()
+    return (seg[:, None, :, None] == seg[:, None, None, :]) & causal
+
+
+def model_inputs(batch: dict, device: torch.device, document_masking: bool) -> dict:
+    """The forward-pass keyword arguments of a view batch: input_ids, and with document masking the
+    block-diagonal mask and per-document positions (from the batch's segment_ids)."""
+    inputs = {"input_ids": batch["input_ids"].to(device, non_blocking=True)}
+    if document_masking:
+        seg = batch["segment_ids"].to(device, non_blocking=True)
+        inputs["attention_mask"] = document_mask(seg)
+        inputs["position_ids"] = document_positions(seg)
+    return inputs

@@ -1,0 +1,82 @@
+"""FSDP2 (parallel.zero 3: torch.distributed.fsdp.fully_shard) beside DDP, on CPU with gloo: 2 processes
+train as 1 does, DCP checkpoints resume after a stop to the uninterrupted run, and on another number of
+processes (2 -> 1); activation checkpointing changes nothing but memory."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.test_train_torch import losses, run_train
+
+FSDP = {"parallel": {"zero": 3}}
+# fp32: sharded reduce-scatter vs one process's local sums reorder float additions; over 12 steps the
+# per-step losses agree to ~1e-6 here. 1e-4 absolute (as DDP's test) is the bound asserted.
+LOSS_ATOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def fsdp_one(prepared, tmp_path_factory):
+    """One process under FSDP2 (a process group of one), the reference run."""
+    out, proc = run_train(prepared, tmp_path_factory.mktemp("fsdp1"), "one", cfg_over=FSDP)
+    assert "(FSDP2)" in proc.stderr
+    return out
+
+
+def test_fsdp_two_processes_match_one_and_ddp(prepared, fsdp_one, tmp_path):
+    two, proc = run_train(prepared, tmp_path, "two", cfg_over=FSDP, nproc=2)
+    assert "world 2 (FSDP2)" in proc.stderr and "grad accumulation 2" in proc.stderr
+    one, two_recs = losses(fsdp_one), losses(two)
+    assert len(one) == len(two_recs) == 12
+    for r1, r2 in zip(one, two_recs):
+        assert r2["loss"] == pytest.approx(r1["loss"], abs=LOSS_ATOL), r1["step"]
+        assert r2["grad_norm"] == pytest.approx(r1["grad_norm"], rel=1e-3), r1["step"]
+    assert two_recs[-1]["val_loss"] == pytest.approx(one[-1]["val_loss"], abs=LOSS_ATOL)
+    ddp, _ = run_train(prepared, tmp_path, "ddp", cfg_over={"train": {"max_steps": 12}})
+    for r1, r2 in zip(losses(ddp), one):  # FSDP2 on one process is the DDP recipe
+        assert r2["loss"] == pytest.approx(r1["loss"], abs=LOSS_ATOL), r1["step"]
+    # the final HF folder holds the whole weights, gathered from the shards
+    a, b = load_file(str(fsdp_one / "final" / "model.safetensors")), load_file(str(two / "final" / "model.safetensors"))
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=1e-4, rtol=0)
+    summary = json.loads((two / "final" / "train_summary.json").read_text())
+    assert summary["data_parallel"] == "fsdp2" and summary["world_size"] == 2
+
+
+def test_fsdp_resume_after_stop_and_on_another_world_size(prepared, fsdp_one, tmp_path):
+    """Stopped after step 5 on 2 processes (DCP shards); resumed (a) on 2, (b) on 1 process: both equal the
+    uninterrupted run."""
+    out, _ = run_train(prepared, tmp_path, "stopped", cfg_over=FSDP, nproc=2, stop_after=5)
+    step5 = out / "ckpt" / "step_00000005"
+    assert (step5 / "dcp" / ".metadata").is_file() and (step5 / "done").is_file()
+    assert len(list((step5 / "dcp").glob("*.distcp"))) == 2  # one file of shards per rank
+    saved = tmp_path / "saved"
+    import shutil
+
+    shutil.copytree(out, saved)
+    ref = losses(fsdp_one)
+    for name, nproc in (("stopped", 2), ("saved", 1)):
+        resumed, proc = run_train(prepared, tmp_path, name, cfg_over=FSDP, nproc=nproc)
+        assert "resumed from" in proc.stderr and "(step 5)" in proc.stderr
+        recs = losses(resumed)
+        assert [r["step"] for r in recs] == list(range(1, 13))
+        for r1, r2 in zip(ref[5:], recs[5:]):
+            assert r2["loss"] == pytest.approx(r1["loss"], abs=LOSS_ATOL), (name, r1["step"])
+        assert recs[-1]["val_loss"] == pytest.approx(ref[-1]["val_loss"], abs=LOSS_ATOL)
+
+
+def test_fsdp_checkpoint_is_not_resumed_by_ddp(prepared, tmp_path):
+    run_train(prepared, tmp_path, "x", cfg_over={**FSDP, "train": {"max_steps": 2, "save_interval": 2}}, stop_after=1)
+    _, proc = run_train(prepared, tmp_path, "x", cfg_over={"train": {"max_steps": 2, "save_interval": 2}}, expect_ok=False)
+    assert proc.returncode != 0 and "torch.zero" in proc.stderr
+
+
+def test_activation_checkpointing_trains_the_same(prepared, tmp_path):
+    over = {"train": {"max_steps": 3, "eval_interval": 3}}
+    plain, _ = run_train(prepared, tmp_path, "plain", cfg_over=over)
+    ac, proc = run_train(prepared, tmp_path, "ac", cfg_over={**over, "parallel": {"activation_checkpointing": True}})
+    assert "activation checkpointing on" in proc.stderr
+    for r1, r2 in zip(losses(plain), losses(ac)):
+        assert r2["loss"] == pytest.approx(r1["loss"], abs=1e-6), r1["step"]
