@@ -135,9 +135,9 @@ def test_long_pretoken_within_the_limit_is_exact():
 
 
 def test_unknown_pretokenizer_encodes_long_documents_whole():
-    from tokenizers import Regex, pre_tokenizers
+    from tokenizers import Regex, Tokenizer, pre_tokenizers
 
-    hf = HFEncoder(GPT2, 1)
+    hf = HFEncoder(GPT2, 1, Tokenizer.from_file(str(GPT2 / "tokenizer.json")))  # its own copy: it is changed here
     hf.tok.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Split(Regex(r"\w+|[^\w]"), "isolated"), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
     )

@@ -4,6 +4,7 @@ the data stages use: the HF tokenizer itself, or tiktoken when it gives exactly 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import re
@@ -53,13 +54,26 @@ class TokenizerInfo:
     sha256: str  # of tokenizer.json: the token store refuses to mix tokenizers
 
 
-def load_backend(path: str | Path):
-    from tokenizers import Tokenizer
-
+def _file_key(path: str | Path) -> tuple:
+    """tokenizer.json of a folder, by identity and stat: a process-level cache key (a tokenize job writes many
+    shards with one tokenizer; loading it takes ~0.1 s and building the tiktoken ranks ~0.15 s)."""
     file = Path(path) / "tokenizer.json"
     if not file.is_file():
         raise FileNotFoundError(f"{path}: no tokenizer.json (a local HF tokenizer folder is needed)")
-    return Tokenizer.from_file(str(file))
+    st = file.stat()
+    return str(file.resolve()), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino
+
+
+@functools.lru_cache(maxsize=4)
+def _load_cached(key: tuple):
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(key[0])
+
+
+def load_backend(path: str | Path):
+    """The tokenizers.Tokenizer of a folder (shared within a process while its tokenizer.json is unchanged)."""
+    return _load_cached(_file_key(path))
 
 
 def tokenizer_sha256(path: str | Path) -> str:
@@ -251,38 +265,45 @@ def _pattern(pre: dict | None) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=4)
+def _tiktoken_core(key: tuple):
+    """(tiktoken.Encoding over the BPE ranks, pre-tokenizer pattern, regex of the added tokens' text or None)
+    of a tokenizer.json (see _file_key); ValueError when it is not a plain byte-level BPE."""
+    import orjson
+    import tiktoken
+
+    spec = orjson.loads(Path(key[0]).read_bytes())
+    model = spec["model"]
+    if model.get("type") != "BPE" or spec.get("normalizer") or model.get("byte_fallback"):
+        raise ValueError("not a plain byte-level BPE (normalizer or byte fallback present)")
+    pattern = _pattern(spec.get("pre_tokenizer"))
+    if pattern is None:
+        raise ValueError("pre-tokenizer is not GPT-2/Llama-3 style byte-level")
+    # byte-level characters -> the bytes they stand for (as latin-1); any other character -> U+FFFF,
+    # which latin-1 cannot encode
+    table = dict.fromkeys(range(512), 0xFFFF) | {ord(c): b for b, c in _bytes_to_unicode().items()}
+    special = {t["id"] for t in spec.get("added_tokens", [])}
+    ranks = {}
+    for token, rank in model["vocab"].items():
+        if rank in special:
+            continue
+        try:
+            ranks[token.translate(table).encode("latin-1")] = rank
+        except UnicodeEncodeError:
+            raise ValueError(f"vocabulary entry {token!r} is not byte-level") from None
+    enc = tiktoken.Encoding("llmpipe", pat_str=pattern, mergeable_ranks=ranks, special_tokens={})
+    contents = [t["content"] for t in spec.get("added_tokens", [])]
+    return enc, pattern, (re.compile("|".join(map(re.escape, contents))) if contents else None)
+
+
 class TiktokenEncoder(_LongDocuments):
     """tiktoken over the same BPE ranks; documents holding a special token's text go through HF."""
 
     name = "tiktoken"
 
     def __init__(self, path: str | Path, threads: int, hf: HFEncoder | None = None):
-        import orjson
-        import tiktoken
-
-        spec = orjson.loads((Path(path) / "tokenizer.json").read_bytes())
-        model = spec["model"]
-        if model.get("type") != "BPE" or spec.get("normalizer") or model.get("byte_fallback"):
-            raise ValueError("not a plain byte-level BPE (normalizer or byte fallback present)")
-        pattern = _pattern(spec.get("pre_tokenizer"))
-        if pattern is None:
-            raise ValueError("pre-tokenizer is not GPT-2/Llama-3 style byte-level")
-        # byte-level characters -> the bytes they stand for (as latin-1); any other character -> U+FFFF,
-        # which latin-1 cannot encode
-        table = dict.fromkeys(range(512), 0xFFFF) | {ord(c): b for b, c in _bytes_to_unicode().items()}
-        special = {t["id"] for t in spec.get("added_tokens", [])}
-        ranks = {}
-        for token, rank in model["vocab"].items():
-            if rank in special:
-                continue
-            try:
-                ranks[token.translate(table).encode("latin-1")] = rank
-            except UnicodeEncodeError:
-                raise ValueError(f"vocabulary entry {token!r} is not byte-level") from None
-        self.enc = tiktoken.Encoding("llmpipe", pat_str=pattern, mergeable_ranks=ranks, special_tokens={})
+        self.enc, pattern, self.special_re = _tiktoken_core(_file_key(path))
         self.threads = threads
-        contents = [t["content"] for t in spec.get("added_tokens", [])]
-        self.special_re = re.compile("|".join(map(re.escape, contents))) if contents else None
         self.hf = hf or HFEncoder(path, threads)
         self.pattern = pattern
         self.stats = self.hf.stats  # one count for both paths (long documents holding a special token go through HF)
