@@ -1,6 +1,6 @@
 """Data prep: the seeds' recipe vs llmpipe's data stages, same machine, same process tree.
 
-  python benchmarks/data_prep.py [--corpora chunks books] [--shared ../shared/data] [--repeat N]
+  python benchmarks/data_prep.py [--corpora chunks books] [--shared ../shared/data] [--repeat N] [--scale 10]
 
 Seeds' recipe (neuronx-distributed examples/training/llama/get_dataset.py): datasets.load_dataset(json)
 + map(tokenize, batched, num_proc=2) + map(group_texts, num_proc=2) + save_to_disk, GPT-2, 4096.
@@ -108,11 +108,16 @@ def worker_recipe(corpus: str, work: Path) -> dict:
     return {"tokens": tokens, "rows": len(grouped)}
 
 
-def worker_ours(corpus: str, work: Path, backend: str, records: int | None) -> dict:
+def worker_ours(corpus: str, work: Path, backend: str, records: int | None, copies: int = 1) -> dict:
+    sources = [corpus]
+    if copies > 1:  # a corpus `copies` times as large: the same file under as many names (sources)
+        sources = [str(work / f"copy-{i}.jsonl.gz") for i in range(copies)]
+        for link in sources:
+            os.symlink(corpus, link)
     cfg = json.dumps(
         {
             "run": "bench",
-            "data": {"sources": [corpus], "num_shards": 2, "max_records_per_source": records},
+            "data": {"sources": sources, "num_shards": 2, "max_records_per_source": records},
             "tokenizer": {"source": str(GPT2), "backend": backend},
             "train": {"seq_len": SEQ},
         }
@@ -148,12 +153,12 @@ def worker_ours(corpus: str, work: Path, backend: str, records: int | None) -> d
                 cfg,
                 "--sources",
                 str(work / "sources.json"),
-                "--shard",
+                "--job",
                 str(i),
                 "--tokenizer",
                 str(work / "tok"),
                 "--out",
-                str(store / f"shard-{i:05d}.safetensors"),
+                str(store / f"job-{i:05d}"),
             ]
             for i in range(2)
         ]
@@ -162,7 +167,7 @@ def worker_ours(corpus: str, work: Path, backend: str, records: int | None) -> d
     run(
         "token-store",
         "--shards",
-        *[str(store / f"shard-{i:05d}.safetensors") for i in range(2)],
+        *[str(store / f"job-{i:05d}") for i in range(2)],
         "--sources",
         str(work / "sources.json"),
         "--out",
@@ -222,6 +227,8 @@ def worker_encode(corpus: str, work: Path) -> dict:
         procs_tokens += int(os.read(read, 64))
         os.waitpid(pid, 0)
     procs = time.perf_counter() - start
+    tik_s, tik_tokens = two_processes(texts, _tiktoken_count)
+    assert tik_tokens == procs_tokens
     os.environ["RAYON_NUM_THREADS"] = "2"
     from tokenizers import Tokenizer
 
@@ -231,7 +238,35 @@ def worker_encode(corpus: str, work: Path) -> dict:
     mid = time.perf_counter()
     fast = sum(len(e.ids) for e in tok.encode_batch_fast(texts, add_special_tokens=False))
     assert fast == tokens == procs_tokens
-    return {"tokens": tokens, "encode_s": mid - start, "encode_fast_s": time.perf_counter() - mid, "encode_fast_2proc_s": procs}
+    out = {"tokens": tokens, "encode_s": mid - start, "encode_fast_s": time.perf_counter() - mid, "encode_fast_2proc_s": procs}
+    return out | {"tiktoken_2proc_s": tik_s}
+
+
+def _tiktoken_count(texts: list[str]) -> int:
+    """tiktoken alone over GPT-2's ranks (built as llmpipe builds them), encode_ordinary per text: the raw
+    encoder, 1 thread."""
+    from llmpipe.data.tokenizer import _file_key, _tiktoken_core
+
+    enc = _tiktoken_core(_file_key(GPT2))[0]
+    return sum(len(enc.encode_ordinary(t)) for t in texts)
+
+
+def two_processes(texts: list[str], count) -> tuple[float, int]:
+    """(wall s, tokens) of count(half the texts) in each of 2 forked processes, text already in memory."""
+    start, children = time.perf_counter(), []
+    for part in range(2):
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.write(write, str(count(texts[part::2])).encode())
+            os._exit(0)
+        os.close(write)
+        children.append((pid, read))
+    tokens = 0
+    for pid, read in children:
+        tokens += int(os.read(read, 64))
+        os.waitpid(pid, 0)
+    return time.perf_counter() - start, tokens
 
 
 def worker(args) -> None:
@@ -242,7 +277,7 @@ def worker(args) -> None:
         elif args.worker == "encode":
             out = worker_encode(args.corpus, work)
         else:
-            out = worker_ours(args.corpus, work, args.worker.split("-")[1], args.records)
+            out = worker_ours(args.corpus, work, args.worker.split("-")[1], args.records, args.copies)
     finally:
         shutil.rmtree(work, ignore_errors=True)  # ~0.9 GB per variant
     print(json.dumps(out))
@@ -281,6 +316,8 @@ def main() -> None:
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--corpus", help=argparse.SUPPRESS)
     p.add_argument("--records", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--copies", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--scale", type=int, default=0, help="also run ours on a corpus this many times the chunks one")
     args = p.parse_args()
     if args.worker:
         return worker(args)
@@ -297,6 +334,8 @@ def main() -> None:
         cmds = {"recipe": run + ["--worker", "recipe"], "ours": run + ["--worker", "ours-auto"]}
         if name == "chunks":
             cmds |= {"hf": run + ["--worker", "ours-hf"], "encode": run + ["--worker", "encode"]}
+            if args.scale > 1:
+                cmds["scaled"] = run + ["--worker", "ours-auto", "--copies", str(args.scale)]
         else:
             cmds["half"] = run + ["--worker", "ours-auto", "--records", "148"]
         r = median_runs(cmds, args.repeat)
@@ -304,8 +343,20 @@ def main() -> None:
         print(row("seeds' recipe", base, None))
         print(row(f"llmpipe ({'+'.join(r['ours']['encoders'])})", r["ours"], base))
         if name == "chunks":
-            hf, enc = r["hf"], r["encode"]
+            hf, enc, ours = r["hf"], r["encode"], r["ours"]
+            limit = enc["tokens"] / enc["tiktoken_2proc_s"]
+            print(
+                f"{'tiktoken alone, 2 procs':<34} {enc['tiktoken_2proc_s']:7.1f} s {limit / 1e6:6.2f} M tok/s"
+                f"   llmpipe tiktoken path end to end reaches {ours['tokens'] / ours['wall'] / limit:.0%} of it (target 80 %)"
+            )
             print(row("llmpipe (HF tokenizer only)", hf, base))
+            if "scaled" in r:
+                big = r["scaled"]
+                print(
+                    row(f"llmpipe, corpus x{args.scale}", big, base),
+                    f"\n    x{args.scale} vs x1: time {big['wall'] / ours['wall']:.2f}x, tokens {big['tokens'] / ours['tokens']:.2f}x, "
+                    f"peak RSS {big['rss'] / ours['rss']:.2f}x",
+                )
             for key, what in (
                 ("encode_fast_2proc_s", "HF encode_batch_fast, 2 procs"),
                 ("encode_s", "HF encode_batch, 2 threads"),

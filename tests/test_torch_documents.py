@@ -91,3 +91,28 @@ def test_trainer_masks_documents_by_default_and_not_when_off(prepared, tmp_path)
     assert a[-1]["val_loss"] != b[-1]["val_loss"]  # validation is masked too (val rows hold boundaries)
     assert json.loads((on / "final" / "train_summary.json").read_text())["document_masking"] is True
     assert json.loads((off / "final" / "train_summary.json").read_text())["document_masking"] is False
+
+
+def test_evaluate_scores_documents_as_the_trainer_does(prepared, tmp_path):
+    """`llmpipe evaluate` follows train.document_masking (auto: on with segment_ids) and records it; the
+    masked loss equals dataset_loss with masking, the unmasked one differs (rows hold several documents)."""
+    import datasets
+    from transformers import AutoModelForCausalLM
+
+    from llmpipe.evaluate import evaluate
+    from llmpipe.train.loss import dataset_loss
+
+    on = evaluate(prepared["init"], prepared["view"], tmp_path / "on.json", 4, 1)
+    off = evaluate(prepared["init"], prepared["view"], tmp_path / "off.json", 4, 1, document_masking=False)
+    assert on["document_masking"] is True and off["document_masking"] is False
+    assert abs(on["val_loss"] - off["val_loss"]) > 1e-5  # a random init model: context moves the loss a little (5e-5)
+    model = AutoModelForCausalLM.from_pretrained(str(prepared["init"]), dtype=torch.float32, attn_implementation="sdpa")
+    val = datasets.load_from_disk(str(prepared["view"] / "val")).with_format("torch")
+    want, _ = dataset_loss(model, val, 4, torch.device("cpu"), document_masking=True)
+    assert abs(on["val_loss"] - want) < 1e-7
+    plain = tmp_path / "no-seg"
+    datasets.load_from_disk(str(prepared["view"] / "val")).remove_columns("segment_ids").save_to_disk(str(plain / "val"))
+    (plain / "view.json").write_text((prepared["view"] / "view.json").read_text())
+    assert evaluate(prepared["init"], plain, tmp_path / "p.json", 4, 1)["document_masking"] is False  # auto: off
+    with pytest.raises(SystemExit, match="segment_ids"):
+        evaluate(prepared["init"], tmp_path / "no-seg", tmp_path / "x.json", 4, 1, document_masking=True)

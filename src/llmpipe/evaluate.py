@@ -13,12 +13,17 @@ import torch
 from llmpipe import config as cfgmod
 from llmpipe.data.tokenizer import TokenizerMismatch, check_same_tokenizer
 from llmpipe.io import write_json
+from llmpipe.train.documents import masking_wanted
 from llmpipe.train.loss import dataset_loss
 
 log = logging.getLogger(__name__)
 
 
-def evaluate(model_dir: str | Path, view_dir: str | Path, out: str | Path, batch_size: int, threads: int = 2) -> dict:
+def evaluate(
+    model_dir: str | Path, view_dir: str | Path, out: str | Path, batch_size: int, threads: int = 2, document_masking="auto"
+) -> dict:
+    """`document_masking`: train.document_masking; with segment_ids in the view (auto), each document of a
+    packed row is scored on its own, as the torch trainer's val_loss is."""
     import datasets
     from transformers import AutoModelForCausalLM
 
@@ -31,7 +36,11 @@ def evaluate(model_dir: str | Path, view_dir: str | Path, out: str | Path, batch
         str(model_dir), dtype=torch.float32, attn_implementation="sdpa", trust_remote_code=False
     ).to(device)
     val = datasets.load_from_disk(str(Path(view_dir) / "val")).with_format("torch")
-    loss, tokens = dataset_loss(model, val, batch_size, device, progress="evaluate")
+    try:
+        masking = masking_wanted(document_masking, val.column_names)
+    except ValueError as exc:
+        raise SystemExit(f"llmpipe evaluate: {exc}") from None
+    loss, tokens = dataset_loss(model, val, batch_size, device, progress="evaluate", document_masking=masking)
     if not math.isfinite(loss):
         raise SystemExit(
             f"llmpipe evaluate: validation loss of {model_dir} is {loss} (non-finite): the model is damaged; no eval.json written"
@@ -41,6 +50,7 @@ def evaluate(model_dir: str | Path, view_dir: str | Path, out: str | Path, batch
         "perplexity": math.exp(loss),
         "tokens": tokens,
         "sequences": len(val),
+        "document_masking": masking,
         "model": str(model_dir),
         "data": str(Path(view_dir) / "val"),
     }
@@ -58,6 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args(argv)
     try:
-        evaluate(args.model, args.data, args.out, cfgmod.load(args.config)["eval"]["batch_size"], args.threads)
+        cfg = cfgmod.load(args.config)
+        evaluate(args.model, args.data, args.out, cfg["eval"]["batch_size"], args.threads, cfg["train"]["document_masking"])
     except TokenizerMismatch as exc:
         raise SystemExit(f"llmpipe evaluate: {exc}") from None

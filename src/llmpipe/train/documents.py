@@ -45,3 +45,12 @@ def model_inputs(batch: dict, device: torch.device, document_masking: bool) -> d
         inputs["attention_mask"] = document_mask(seg)
         inputs["position_ids"] = document_positions(seg)
     return inputs
+
+
+def masking_wanted(setting, columns: list[str]) -> bool:
+    """train.document_masking (auto | true | false) for a view with these columns: auto = on when the view
+    has segment_ids; true requires them. One rule for the torch trainer and `llmpipe evaluate`."""
+    has = "segment_ids" in columns
+    if setting is True and not has:
+        raise ValueError("train.document_masking is true but the view has no segment_ids (data.segment_ids false)")
+    return setting is not False and has

@@ -31,7 +31,7 @@ from llmpipe.io import atomic_path, write_json
 from llmpipe.train.batching import Sampler, grad_accum_steps
 from llmpipe.train.checkpoint import CheckpointError
 from llmpipe.train.cli import trainer_parser
-from llmpipe.train.documents import model_inputs
+from llmpipe.train.documents import masking_wanted, model_inputs
 from llmpipe.train.guard import NonFiniteError, NonFiniteGuard
 from llmpipe.train.loop import StepLoop
 from llmpipe.train.loss import dataset_loss, label_count, lm_loss_sum
@@ -127,14 +127,6 @@ def full_norm(norm) -> float:
     return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
 
 
-def document_masking(t: dict, columns: list[str]) -> bool:
-    """train.document_masking: auto = on when the view has segment_ids; true requires them."""
-    has = "segment_ids" in columns
-    if t["document_masking"] is True and not has:
-        raise ValueError("train.document_masking is true but the view has no segment_ids (data.segment_ids false)")
-    return t["document_masking"] is not False and has
-
-
 class Trainer:
     """One torch training run: setup here, steps driven by llmpipe.train.loop.StepLoop."""
 
@@ -147,7 +139,7 @@ class Trainer:
         self.accum = grad_accum_steps(t["global_batch_size"], t["micro_batch_size"], self.env.world)
         self.amp = autocast_dtype(t["precision"], self.env.device)
         self.train_ds, self.val_ds = (ds.with_format("torch") for ds in load_view(data_dir, t))
-        self.masking = document_masking(t, self.train_ds.column_names)
+        self.masking = masking_wanted(t["document_masking"], self.train_ds.column_names)
         self.sampler = Sampler(len(self.train_ds), t["seed"])
         torch.manual_seed(t["seed"])
         self.model = load_model(init_dir, self.env.device, bool(par.get("activation_checkpointing")))
