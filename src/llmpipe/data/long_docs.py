@@ -27,6 +27,11 @@ spaces, one endless word), which the tokenizer cannot encode in bounded memory. 
 says what then: `split` cuts it at `max_pretoken` characters (those ids differ from encoding the
 whole; counted), `skip` drops the document (counted).
 
+A document too long to hold (readers.StreamedText: a JSONL record or text file over
+readers.HUGE_RECORD_BYTES) is cut by Cutter.plan_stream, which fills a buffer from the stream only as far
+as each step of plan() looks (the window plus the longest added token), so its cuts are plan()'s; then
+StreamPieces reads it again, one group of pieces at a time. Peak memory: a few windows, whatever its size.
+
 Only the pre-tokenizer patterns analysed above (`SAFE_PATTERNS`) are cut, and only without a
 normalizer; other tokenizers encode long documents whole, as before, counted in `long_documents_whole`.
 """
@@ -37,7 +42,7 @@ import bisect
 import logging
 import re
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +151,49 @@ class Cutter:
                 w = min(2 * w, self.max_pretoken + MARGIN)
         return spans
 
+    def plan_stream(self, chunks: Iterable[str], policy: str, stats: dict) -> list[tuple[int, int]] | None:
+        """plan() of the text that `chunks` make up, holding only a window of it: the same pieces. Each step
+        of plan() looks at text[pos : pos + w + special_len + 1] at most (and whether the text ends before
+        pos + w), so the buffer is filled that far, then cut exactly as plan() cuts the whole text."""
+        spans, off, buf, it, done = [], 0, "", iter(chunks), False
+        extra = max(1, self.special_len) + 1
+
+        def fill(k: int) -> None:
+            nonlocal buf, done
+            parts, have = [buf], len(buf)
+            while have < k and not done:
+                chunk = next(it, None)
+                if chunk is None:
+                    done = True
+                else:
+                    parts.append(chunk)
+                    have += len(chunk)
+            if len(parts) > 1:
+                buf = "".join(parts)
+
+        while True:
+            fill(self.piece + extra)
+            if done and not buf:
+                return spans
+            w = self.piece
+            while True:
+                fill(w + extra)
+                if done and len(buf) <= w:
+                    step = len(buf)
+                else:
+                    step = self._cut(buf, 0, w)
+                    if not step and w >= self.max_pretoken + MARGIN:
+                        if policy == "skip":
+                            return None
+                        stats["long_pretokens_split"] += 1
+                        step = self.max_pretoken
+                    elif not step:
+                        w = min(2 * w, self.max_pretoken + MARGIN)
+                        continue
+                spans.append((off, off + step))
+                off, buf = off + step, buf[step:]
+                break
+
     def _cut(self, text: str, pos: int, hi: int) -> int:
         """The largest safe cut in (pos, hi], or 0."""
         matches = []
@@ -207,6 +255,48 @@ class Pieces:
         return out
 
 
+class StreamPieces(Pieces):
+    """Pieces of a streamed document (readers.StreamedText: chunks() reads it again), encoded as iterated,
+    holding only the pieces of one group."""
+
+    def __init__(self, doc, spans: list[tuple[int, int]], encode: Callable[[list[str]], list], group: int, where: str):
+        super().__init__("", spans, encode, group, where)
+        self.doc = doc
+
+    def __iter__(self) -> Iterator[list[int]]:
+        it, buf, off = iter(self.doc.chunks()), "", 0
+        for i in range(0, len(self.spans), self.group):
+            spans = self.spans[i : i + self.group]
+            end = spans[-1][1]
+            parts, have = [buf], off + len(buf)
+            while have < end:
+                chunk = next(it)
+                parts.append(chunk)
+                have += len(chunk)
+            buf = "".join(parts)
+            texts = [buf[a - off : b - off] for a, b in spans]
+            buf, off = buf[end - off :], end
+            try:
+                out = self.encode(texts)
+            except (KeyboardInterrupt, SystemExit, GeneratorExit):
+                raise
+            except BaseException as exc:
+                raise EncodeError(self.where, len(self.doc), exc, (spans[0][0], end)) from exc
+            del texts
+            yield from out
+
+
+def contains(doc, regex: re.Pattern, overlap: int = 4096) -> bool:
+    """regex.search on a streamed document (chunks), for matches up to `overlap` characters long."""
+    tail = ""
+    for chunk in doc.chunks():
+        text = tail + chunk
+        if regex.search(text):
+            return True
+        tail = text[-overlap:]
+    return False
+
+
 def describe_doc(sources: Sequence[str], did: int) -> str:
     """`source: record N` of a document id (source index << RECORD_BITS | record index)."""
     from llmpipe.data.sources import RECORD_BITS
@@ -249,12 +339,12 @@ def encode_mixed(
     """Documents up to `long_chars` through `short` in one batch; longer ones through `long` (Pieces, ids or None),
     Pieces joined into one list unless `stream`."""
     out: list = [None] * len(texts)
-    idx = [i for i, t in enumerate(texts) if len(t) <= long_chars]
+    idx = [i for i, t in enumerate(texts) if isinstance(t, str) and len(t) <= long_chars]  # streamed ones: long
     if idx:
         for i, ids in zip(idx, guarded(short, [texts[i] for i in idx], [name(where, i) for i in idx])):
             out[i] = ids
     for i, text in enumerate(texts):
-        if len(text) > long_chars:
+        if not isinstance(text, str) or len(text) > long_chars:
             got = long(text, name(where, i))
             out[i] = got.ids() if isinstance(got, Pieces) and not stream else got
     return out

@@ -132,7 +132,8 @@ def tokenize_shard(
         for s_idx, source in plan.sources:
             # keep, stride (readers._strided_lines) or the byte range get_data cut for this shard (a large plain JSONL)
             keep, stride, part = plan.reading(s_idx)
-            for r_idx, text in documents(source, d, stats, mixture.keeper(mix, s_idx, keep), stride, part):
+            # streamed: a record too long to hold comes as a readers.StreamedText, encoded in pieces (long_docs)
+            for r_idx, text in documents(source, d, stats, mixture.keeper(mix, s_idx, keep), stride, part, streamed=True):
                 yield doc_id(s_idx, r_idx), is_validation(s_idx, r_idx, d["val_fraction"], d["split_seed"]), text
 
     with atomic_path(out) as tmp:
@@ -147,7 +148,7 @@ def tokenize_shard(
                 nonlocal encoder
                 where = [describe_doc(sources, did) for did, _, _ in batch]  # named if the tokenizer fails
                 if encoder is None:
-                    sample = [t for _, _, t in batch[:SAMPLE_DOCS]]
+                    sample = [t if isinstance(t, str) else "" for _, _, t in batch[:SAMPLE_DOCS]]  # not a streamed one
                     policy, backend = d.get("long_pretoken", "split"), cfg["tokenizer"]["backend"]
                     encoder = make_encoder(tokenizer_dir, backend, sample, threads, tok, policy, where[:SAMPLE_DOCS])
                 parts = {s: ([], []) for s in SPLITS}

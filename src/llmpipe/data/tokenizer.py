@@ -161,7 +161,7 @@ class _LongDocuments:
         """The ids of each text. `where`: each text's origin, named if the tokenizer fails. A document over
         `long_chars` characters is encoded piecewise; `stream`: it comes as long_docs.Pieces (an iterable of
         id lists, encoded as it is read), else as one list; None: dropped under data.long_pretoken: skip."""
-        if all(len(t) <= self.long_chars for t in texts):
+        if all(isinstance(t, str) and len(t) <= self.long_chars for t in texts):  # else: a streamed one (readers.StreamedText)
             return long_docs.guarded(self._encode, texts, where)
         return long_docs.encode_mixed(texts, where, stream, self._encode, self._long, self.long_chars)
 
@@ -170,11 +170,20 @@ class _LongDocuments:
             self._cutter = self._make_cutter() or False
             if not self._cutter:
                 log.warning("%s: the tokenizer cannot be cut exactly: long documents are encoded whole", self.name)
+        streamed = not isinstance(text, str)  # readers.StreamedText: a document too long to hold
         if not self._cutter:
             self.stats["long_documents_whole"] += 1
+            if streamed:
+                log.warning(
+                    "%s: document of %d characters read whole into memory: %s cannot be cut exactly", where, len(text), self.name
+                )
+                text = text.read()
             return long_docs.guarded(self._encode, [text], [where])[0]
         try:
-            spans = self._cutter.plan(text, self.long_pretoken, self.stats)
+            if streamed:
+                spans = self._cutter.plan_stream(text.chunks(), self.long_pretoken, self.stats)
+            else:
+                spans = self._cutter.plan(text, self.long_pretoken, self.stats)
         except (KeyboardInterrupt, SystemExit, GeneratorExit):
             raise
         except BaseException as exc:
@@ -191,6 +200,8 @@ class _LongDocuments:
             return None
         self.stats["long_documents"] += 1
         self.stats["long_pieces"] += len(spans)
+        if streamed:
+            return long_docs.StreamPieces(text, spans, self._encode_piece, self.threads, where)
         return long_docs.Pieces(text, spans, self._encode_piece, self.threads, where)
 
     def _encode_piece(self, texts: list[str]) -> list[list[int]]:
@@ -332,7 +343,9 @@ class TiktokenEncoder(_LongDocuments):
         return long_docs.Cutter(starts, None, 0, self.piece_chars, self.max_pretoken)
 
     def _long(self, text: str, where: str):
-        if self.special_re and self.special_re.search(text):  # as for short documents: HF matches added tokens
+        if self.special_re and (  # as for short documents: HF matches added tokens (and cuts streamed ones too)
+            self.special_re.search(text) if isinstance(text, str) else long_docs.contains(text, self.special_re)
+        ):
             return self.hf._long(text, where)
         return super()._long(text, where)
 
