@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -197,6 +198,9 @@ def test_tokenizer_failure_names_source_record_and_size(tmp_path, monkeypatch, b
     bad = ("BOOM " * (3 * PIECE)) if long else "BOOM in a short document"
     docs = corpus_docs(3) + [bad] + corpus_docs(5)[3:]
     cfg, sources = shard_setup(tmp_path, docs, backend)
+    corpus = Path(sources[0])
+    lines = corpus.read_text().splitlines(keepends=True)
+    corpus.write_text("".join(lines[:2] + ["\n", "\n"] + lines[2:]))  # blank lines: record 3 is on line 6
     monkeypatch.setattr(long_docs, "LONG_DOC_CHARS", PIECE)
     monkeypatch.setattr(long_docs, "PIECE_CHARS", PIECE)
     cls, method = (TiktokenEncoder, "_encode_piece") if backend == "tiktoken" else (HFEncoder, "_encode")
@@ -211,6 +215,6 @@ def test_tokenizer_failure_names_source_record_and_size(tmp_path, monkeypatch, b
     with pytest.raises(EncodeError) as err:
         tokenize_shard(cfg, sources, 0, GPT2, tmp_path / "shard.safetensors")
     msg = str(err.value)
-    assert sources[0] in msg and "record 3" in msg and "line 4" in msg
+    assert msg.startswith(f"{sources[0]}:6 (record 3): ")  # the file and line the reader found it at
     assert f"{len(bad):,} characters" in msg and "injected failure" in msg
     assert not (tmp_path / "shard.safetensors").exists()

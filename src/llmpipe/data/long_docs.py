@@ -86,6 +86,13 @@ class EncodeError(RuntimeError):
         )
         self.where, self.chars = where, chars
 
+    def relabel(self, where: str) -> EncodeError:
+        """The same failure, its document named by `where` (e.g. the file:line the reader found it at)."""
+        out = EncodeError.__new__(EncodeError)
+        RuntimeError.__init__(out, str(self).replace(self.where, where, 1))
+        out.where, out.chars = where, self.chars
+        return out
+
 
 def guarded(encode: Callable[[list[str]], list], texts: list[str], where: Sequence[str] | None) -> list:
     """encode(texts), any failure re-raised as EncodeError naming the document (found by retrying one by one)."""
@@ -302,7 +309,7 @@ def describe_doc(sources: Sequence[str], did: int) -> str:
     from llmpipe.data.sources import RECORD_BITS
 
     record = did & ((1 << RECORD_BITS) - 1)
-    return f"{sources[did >> RECORD_BITS]}: record {record} (0-based; line {record + 1} of a JSONL file without blank lines)"
+    return f"{sources[did >> RECORD_BITS]}: record {record}"
 
 
 def write_pieces(writer, did: int, prefix: list[int], pieces: Pieces, suffix: list[int]) -> None:

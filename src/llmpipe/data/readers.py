@@ -872,6 +872,19 @@ def records(source: str, cfg: dict, keep=None, stride=None, part=None, tally=Non
     )
 
 
+def locate(source: str, cfg: dict, record_index: int) -> str | None:
+    """Where record `record_index` of `source` is (`file:line` for JSONL), by reading it again (error paths only)."""
+    index = 0
+    for where, value in records(source, cfg):
+        if where is None:  # records passed over unread
+            index += value
+            continue
+        if index == record_index:
+            return where
+        index += 1
+    return None
+
+
 def check(where: str, value: object, cfg: dict) -> str | BadRecord:
     """The document text, or why it is not usable."""
     if isinstance(value, BadRecord):

@@ -26,8 +26,9 @@ from tqdm import tqdm
 
 from llmpipe import config as cfgmod
 from llmpipe.data import mixture, stfile
-from llmpipe.data.readers import BadRecord, ReadStats, documents
-from llmpipe.data.sources import assign, doc_id, is_validation
+from llmpipe.data.long_docs import EncodeError, describe_doc
+from llmpipe.data.readers import BadRecord, ReadStats, documents, locate
+from llmpipe.data.sources import RECORD_BITS, assign, doc_id, is_validation
 from llmpipe.data.tokenizer import load_backend, make_encoder, tokenizer_info
 from llmpipe.io import atomic_path
 
@@ -143,7 +144,7 @@ def tokenize_shard(
             batch, chars = [], 0
 
             def flush():
-                from llmpipe.data.long_docs import describe_doc, write_pieces
+                from llmpipe.data.long_docs import write_pieces
 
                 nonlocal encoder
                 where = [describe_doc(sources, did) for did, _, _ in batch]  # named if the tokenizer fails
@@ -169,14 +170,23 @@ def tokenize_shard(
                     writers[s].add_batch(encoded, dids, prefix, eos)
                 batch.clear()
 
+            def located_flush():
+                try:
+                    flush()
+                except EncodeError as exc:  # name the file and line of the document the tokenizer failed on
+                    did = next(did for did, _, _ in batch if describe_doc(sources, did) == exc.where)
+                    record = did & ((1 << RECORD_BITS) - 1)
+                    line = locate(sources[did >> RECORD_BITS], d, record)
+                    raise exc.relabel(f"{line or sources[did >> RECORD_BITS]} (record {record})") from exc
+
             for item in tqdm(docs(), desc=f"tokenize shard {shard}", unit=" docs", mininterval=10):
                 batch.append(item)
                 chars += len(item[2])
                 if len(batch) >= BATCH_DOCS or chars >= BATCH_CHARS:
-                    flush()
+                    located_flush()
                     chars = 0
             if batch:
-                flush()
+                located_flush()
             for w in writers.values():
                 w.fh.close()
             counts = {s: w.counts() for s, w in writers.items()}
@@ -291,5 +301,5 @@ def main(argv: list[str] | None = None) -> None:
             tokenize_shard(
                 cfg, load_sources(src), args.shard, args.tokenizer, args.out, args.threads, sources_key(src), mixture.load(src)
             )
-    except BadRecord as exc:  # a bad record or source under on_bad_record: fail, named: one line, no traceback
+    except (BadRecord, EncodeError) as exc:  # a bad record or source (on_bad_record: fail), a tokenizer failure: one line
         raise SystemExit(f"llmpipe tokenize: error: {exc}") from None
