@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors import safe_open
 
-from llmpipe.data.readers import BadRecord, ReadStats, documents
+from llmpipe.data.readers import BadRecord, BadSource, ReadStats, documents
 from llmpipe.data.sources import doc_id, is_validation
 from llmpipe.data.token_store import TokenStore, build_manifest
 from llmpipe.data.tokenize import tokenize_shard
@@ -148,7 +148,11 @@ def test_fail_policy_stops_at_first_bad_record_with_its_line(tmp_path, sample):
     kinds = [kind for (kind, _, _), _ in items]
     bad = next((n for n, k in enumerate(kinds, 1) if k not in ("good", "blank", "empty")), None)
     stats = ReadStats()
-    if bad is None:
+    if set(kinds) == {"blank"}:  # no record at all: the source itself is named
+        with pytest.raises(BadSource) as err:
+            list(documents(str(path), cfg, stats))
+        assert err.value.reason == "empty_source" and err.value.where == str(path)
+    elif bad is None:
         texts = [t for _, t in documents(str(path), cfg, stats)]
         assert texts == [t for k, t in records if k == "good"]
         assert dict(stats.skipped) == ({"empty": kinds.count("empty")} if "empty" in kinds else {})

@@ -194,7 +194,7 @@ def test_one_node_two_processes_through_srun_and_torchrun(slurm, pipeline):
         f"-m torch.distributed.run --nnodes 1 --node_rank 0 --nproc_per_node 2 --master_addr localhost "
         f"--master_port {port} -m llmpipe torch-train" in log
     ), log[:3000]
-    assert "world 2," in log
+    assert "world 2 (DDP)," in log
     summary = json.loads((run / "checkpoints" / "torch" / "final" / "train_summary.json").read_text())
     assert summary["world_size"] == 2
     two = [json.loads(x) for x in (run / "train" / "metrics.jsonl").read_text().splitlines()]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from llmpipe import backends
 from llmpipe import config as cfgmod
 from llmpipe.data.tokenizer import TokenizerMismatch, check_same_tokenizer
 from llmpipe.io import write_json
@@ -69,6 +70,9 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     try:
         cfg = cfgmod.load(args.config)
-        evaluate(args.model, args.data, args.out, cfg["eval"]["batch_size"], args.threads, cfg["train"]["document_masking"])
+        # score packed rows the way the run's trainer trained on them (only some backends mask documents)
+        masks = backends.get(cfg["train"]["backend"]).document_masking
+        masking = cfg["train"]["document_masking"] if masks else False
+        evaluate(args.model, args.data, args.out, cfg["eval"]["batch_size"], args.threads, masking)
     except TokenizerMismatch as exc:
         raise SystemExit(f"llmpipe evaluate: {exc}") from None

@@ -33,6 +33,7 @@ class Backend:
     section_schema: str | Path | None = None  # JSON schema (YAML) of config section <name>; None = no section
     checks: Callable[[dict], list[str]] | None = None  # config -> problems, each naming its keys
     parallel_defaults: Callable[[dict], dict] | None = None  # config -> its values for parallel.* left null
+    document_masking: bool = False  # its trainer honours train.document_masking (evaluate then scores the same way)
 
     def rules_file(self) -> Path:
         return Path(self.rules) if self.rules else REPO / "rules" / f"train_{self.name}.smk"

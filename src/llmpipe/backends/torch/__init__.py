@@ -22,4 +22,5 @@ BACKEND = Backend(
     env="envs/torch.yaml",
     checks=_checks,
     parallel_defaults=lambda cfg: {"nproc_per_node": 1},
+    document_masking=True,
 )
