@@ -86,7 +86,11 @@ def data_page(stats: dict) -> str:
         ("documents train / val", f"{stats['documents']['train']:,} / {stats['documents']['val']:,}"),
         ("tokens train / val", f"{tok['train']:,} / {tok['val']:,}"),
         ("skipped records", f"{read['skipped_total']:,} {read['skipped'] or ''}"),
-        *([("skipped sources", f"{read['sources_skipped_total']:,} {read['sources_skipped']}")] if read.get("sources_skipped") else []),
+        *(
+            [("skipped sources", f"{read['sources_skipped_total']:,} {read['sources_skipped']}")]
+            if read.get("sources_skipped")
+            else []
+        ),
         ("tokenizer", f"vocab {stats['tokenizer']['vocab_size']:,}, sha256 {stats['tokenizer']['sha256'][:16]}"),
     ]
     views = []
