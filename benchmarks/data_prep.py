@@ -55,7 +55,22 @@ def tree_rss(root: int) -> int:
     return total
 
 
-def measure(cmd: list[str]) -> dict:
+def tree_anon(root: int) -> int:
+    """Anonymous memory (RssAnon: the heap, not the file pages a process has mapped, which the kernel can
+    drop) of `root` and its descendants, from /proc/N/status."""
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+            todo += [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+        except OSError:
+            continue
+        total += next((int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("RssAnon:")), 0)
+    return total
+
+
+def measure(cmd: list[str], anon_too: bool = False) -> dict:
     """Run a worker; return its JSON result plus wall time and peak tree RSS (sampled every 50 ms)."""
     start = time.perf_counter()
     proc = subprocess.Popen(
@@ -65,11 +80,13 @@ def measure(cmd: list[str]) -> dict:
         text=True,
         env={**os.environ, "PYTHONPATH": str(REPO / "src"), "TOKENIZERS_PARALLELISM": "true"},
     )
-    peak = [0]
+    peak = [0, 0]
 
     def poll():
         while proc.poll() is None:
             peak[0] = max(peak[0], tree_rss(proc.pid))
+            if anon_too:
+                peak[1] = max(peak[1], tree_anon(proc.pid))
             time.sleep(0.05)
 
     t = threading.Thread(target=poll)
@@ -79,7 +96,7 @@ def measure(cmd: list[str]) -> dict:
     if proc.returncode:
         raise SystemExit(f"{cmd} failed:\n{err[-3000:]}")
     result = json.loads(out.strip().splitlines()[-1])
-    return {**result, "wall": time.perf_counter() - start, "rss": peak[0]}
+    return {**result, "wall": time.perf_counter() - start, "rss": peak[0], "anon": peak[1]}
 
 
 # ------------------------------------------------------------------ workers (run in a child process)
@@ -292,11 +309,11 @@ def median_runs(cmds: dict[str, list[str]], repeat: int) -> dict[str, dict]:
     runs = {name: [] for name in cmds}
     for _ in range(repeat):
         for name, cmd in cmds.items():
-            runs[name].append(measure(cmd))
+            runs[name].append(measure(cmd, anon_too=name in ("ours", "scaled")))
     out = {}
     for name, rs in runs.items():
         rs.sort(key=lambda r: r["wall"])
-        out[name] = {**rs[len(rs) // 2], "rss": max(r["rss"] for r in rs)}
+        out[name] = {**rs[len(rs) // 2], "rss": max(r["rss"] for r in rs), "anon": max(r["anon"] for r in rs)}
     return out
 
 
@@ -318,6 +335,7 @@ def main() -> None:
     p.add_argument("--records", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--copies", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--scale", type=int, default=0, help="also run ours on a corpus this many times the chunks one")
+    p.add_argument("--only-scale", action="store_true", help="with --scale: only ours at x1 and xN (chunks)")
     args = p.parse_args()
     if args.worker:
         return worker(args)
@@ -338,6 +356,16 @@ def main() -> None:
                 cmds["scaled"] = run + ["--worker", "ours-auto", "--copies", str(args.scale)]
         else:
             cmds["half"] = run + ["--worker", "ours-auto", "--records", "148"]
+        if args.only_scale and args.scale > 1 and name == "chunks":
+            r = median_runs({k: cmds[k] for k in ("ours", "scaled")}, args.repeat)
+            ours, big = r["ours"], r["scaled"]
+            print(row("llmpipe x1", ours, None), "\n" + row(f"llmpipe x{args.scale}", big, None))
+            print(
+                f"x{args.scale} vs x1: time {big['wall'] / ours['wall']:.2f}x, tokens {big['tokens'] / ours['tokens']:.2f}x, "
+                f"peak RSS {big['rss'] / ours['rss']:.2f}x; peak anonymous memory (RssAnon, without mapped file pages) "
+                f"{ours['anon'] / 2**30:.2f} -> {big['anon'] / 2**30:.2f} GB, {big['anon'] / ours['anon']:.2f}x"
+            )
+            continue
         r = median_runs(cmds, args.repeat)
         base = r["recipe"]
         print(row("seeds' recipe", base, None))
@@ -355,7 +383,8 @@ def main() -> None:
                 print(
                     row(f"llmpipe, corpus x{args.scale}", big, base),
                     f"\n    x{args.scale} vs x1: time {big['wall'] / ours['wall']:.2f}x, tokens {big['tokens'] / ours['tokens']:.2f}x, "
-                    f"peak RSS {big['rss'] / ours['rss']:.2f}x",
+                    f"peak RSS {big['rss'] / ours['rss']:.2f}x; peak anonymous memory (RssAnon, without mapped file "
+                    f"pages) {ours['anon'] / 2**30:.2f} -> {big['anon'] / 2**30:.2f} GB, {big['anon'] / ours['anon']:.2f}x",
                 )
             for key, what in (
                 ("encode_fast_2proc_s", "HF encode_batch_fast, 2 procs"),
