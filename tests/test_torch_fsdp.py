@@ -80,3 +80,39 @@ def test_activation_checkpointing_trains_the_same(prepared, tmp_path):
     assert "activation checkpointing on" in proc.stderr
     for r1, r2 in zip(losses(plain), losses(ac)):
         assert r2["loss"] == pytest.approx(r1["loss"], abs=1e-6), r1["step"]
+
+
+def test_fsdp_resume_after_kill_9_equals_the_uninterrupted_run(prepared, fsdp_one, tmp_path):
+    """2 FSDP2 processes under torchrun, SIGKILLed (the whole process group, as `kill -9`) once the first
+    checkpoint is sealed, while training goes on; the rerun resumes from the newest complete checkpoint
+    and its losses and final weights equal the uninterrupted run's. Metrics never repeat a step."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import merge, torch_train_args
+
+    cfg = merge(prepared["cfg"], FSDP)
+    out = tmp_path / "killed"
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "llmpipe"]
+    cmd = launcher + torch_train_args(cfg, prepared["init"], prepared["view"], out / "ckpt", out / "metrics.jsonl", out / "final")
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not list((out / "ckpt").glob("step_*/done")) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert not (out / "final").exists(), "the kill came too late: training had finished"
+    resumed, rerun = run_train(prepared, tmp_path, "killed", cfg_over=FSDP, nproc=2)
+    assert "resumed from" in rerun.stderr
+    recs, ref = losses(resumed), losses(fsdp_one)
+    assert [r["step"] for r in recs] == list(range(1, 13))  # no step twice, none missing
+    for r1, r2 in zip(ref, recs):
+        assert r2["loss"] == pytest.approx(r1["loss"], abs=LOSS_ATOL), r1["step"]
+    a, b = load_file(str(fsdp_one / "final" / "model.safetensors")), load_file(str(resumed / "final" / "model.safetensors"))
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=1e-4, rtol=0)
