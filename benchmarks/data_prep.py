@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 GPT2 = REPO / "data" / "tokenizers" / "gpt2"
 SEQ = 4096
+CONFIG_CACHE = "LLMPIPE_CONFIG_CACHE"  # llmpipe.config.CACHE_ENV
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -72,7 +74,7 @@ def tree_anon(root: int) -> int:
 
 def measure(cmd: list[str], anon_too: bool = False) -> dict:
     """Run a worker; return its JSON result plus wall time and peak tree RSS (sampled every 50 ms)."""
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), _children_cpu()
     proc = subprocess.Popen(
         cmd,
         stdout=subprocess.PIPE,
@@ -96,7 +98,7 @@ def measure(cmd: list[str], anon_too: bool = False) -> dict:
     if proc.returncode:
         raise SystemExit(f"{cmd} failed:\n{err[-3000:]}")
     result = json.loads(out.strip().splitlines()[-1])
-    return {**result, "wall": time.perf_counter() - start, "rss": peak[0], "anon": peak[1]}
+    return {**result, "wall": time.perf_counter() - start, "cpu": _children_cpu() - cpu, "rss": peak[0], "anon": peak[1]}
 
 
 # ------------------------------------------------------------------ workers (run in a child process)
@@ -140,6 +142,7 @@ def worker_ours(corpus: str, work: Path, backend: str, records: int | None, copi
         }
     )
     py = [sys.executable, "-m", "llmpipe"]
+    os.environ[CONFIG_CACHE] = str(work / "config-cache")  # empty: each run pays the first run's config checks
     store = work / "tokens"
     stages, last = {}, [time.perf_counter()]
 
@@ -219,32 +222,9 @@ def worker_encode(corpus: str, work: Path) -> dict:
     with gzip.open(corpus, "rb") as fh:
         texts = [orjson.loads(line)["text"] for line in fh]
     file = str(GPT2 / "tokenizer.json")
-    start = time.perf_counter()
-    children = []
-    for part in range(2):  # fork before this process starts any tokenizer thread pool
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            os.environ["RAYON_NUM_THREADS"] = "1"
-            from tokenizers import Tokenizer
-
-            tok = Tokenizer.from_file(file)
-            mine = texts[part::2]
-            n = sum(
-                len(e.ids)
-                for i in range(0, len(mine), 256)
-                for e in tok.encode_batch_fast(mine[i : i + 256], add_special_tokens=False)
-            )
-            os.write(write, str(n).encode())
-            os._exit(0)
-        os.close(write)
-        children.append((pid, read))
-    procs_tokens = 0
-    for pid, read in children:
-        procs_tokens += int(os.read(read, 64))
-        os.waitpid(pid, 0)
-    procs = time.perf_counter() - start
-    tik_s, tik_tokens = two_processes(texts, _tiktoken_count)
+    # forked before this process starts any tokenizer thread pool
+    procs, procs_tokens, procs_cpu = two_processes(texts, _hf_count)
+    tik_s, tik_tokens, tik_cpu = two_processes(texts, _tiktoken_count)
     assert tik_tokens == procs_tokens
     os.environ["RAYON_NUM_THREADS"] = "2"
     from tokenizers import Tokenizer
@@ -256,7 +236,18 @@ def worker_encode(corpus: str, work: Path) -> dict:
     fast = sum(len(e.ids) for e in tok.encode_batch_fast(texts, add_special_tokens=False))
     assert fast == tokens == procs_tokens
     out = {"tokens": tokens, "encode_s": mid - start, "encode_fast_s": time.perf_counter() - mid, "encode_fast_2proc_s": procs}
-    return out | {"tiktoken_2proc_s": tik_s}
+    return out | {"tiktoken_2proc_s": tik_s, "tiktoken_2proc_cpu": tik_cpu, "encode_fast_2proc_cpu": procs_cpu}
+
+
+def _hf_count(texts: list[str]) -> int:
+    """The HF tokenizer alone, encode_batch_fast (the call our HF path makes) in batches of 256, 1 thread."""
+    os.environ["RAYON_NUM_THREADS"] = "1"
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(GPT2 / "tokenizer.json"))
+    return sum(
+        len(e.ids) for i in range(0, len(texts), 256) for e in tok.encode_batch_fast(texts[i : i + 256], add_special_tokens=False)
+    )
 
 
 def _tiktoken_count(texts: list[str]) -> int:
@@ -268,8 +259,9 @@ def _tiktoken_count(texts: list[str]) -> int:
     return sum(len(enc.encode_ordinary(t)) for t in texts)
 
 
-def two_processes(texts: list[str], count) -> tuple[float, int]:
-    """(wall s, tokens) of count(half the texts) in each of 2 forked processes, text already in memory."""
+def two_processes(texts: list[str], count) -> tuple[float, int, float]:
+    """(wall s, tokens, CPU s) of count(half the texts) in each of 2 forked processes, text already in memory."""
+    before = _children_cpu()
     start, children = time.perf_counter(), []
     for part in range(2):
         read, write = os.pipe()
@@ -283,7 +275,13 @@ def two_processes(texts: list[str], count) -> tuple[float, int]:
     for pid, read in children:
         tokens += int(os.read(read, 64))
         os.waitpid(pid, 0)
-    return time.perf_counter() - start, tokens
+    return time.perf_counter() - start, tokens, _children_cpu() - before
+
+
+def _children_cpu() -> float:
+    """CPU seconds (user + system) of every child process waited for so far."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def worker(args) -> None:
@@ -376,6 +374,8 @@ def main() -> None:
             print(
                 f"{'tiktoken alone, 2 procs':<34} {enc['tiktoken_2proc_s']:7.1f} s {limit / 1e6:6.2f} M tok/s"
                 f"   llmpipe tiktoken path end to end reaches {ours['tokens'] / ours['wall'] / limit:.0%} of it (target 80 %)"
+                f"\n    CPU seconds: llmpipe {ours['cpu']:.1f}, tiktoken alone {enc['tiktoken_2proc_cpu']:.1f}: "
+                f"{enc['tiktoken_2proc_cpu'] / ours['cpu']:.0%} (steadier than wall time on a shared machine)"
             )
             print(row("llmpipe (HF tokenizer only)", hf, base))
             if "scaled" in r:
@@ -386,6 +386,10 @@ def main() -> None:
                     f"peak RSS {big['rss'] / ours['rss']:.2f}x; peak anonymous memory (RssAnon, without mapped file "
                     f"pages) {ours['anon'] / 2**30:.2f} -> {big['anon'] / 2**30:.2f} GB, {big['anon'] / ours['anon']:.2f}x",
                 )
+            print(
+                f"    CPU seconds: llmpipe HF path {hf['cpu']:.1f}, HF encode_batch_fast in 2 procs alone "
+                f"{enc['encode_fast_2proc_cpu']:.1f}: {enc['encode_fast_2proc_cpu'] / hf['cpu']:.0%}"
+            )
             for key, what in (
                 ("encode_fast_2proc_s", "HF encode_batch_fast, 2 procs"),
                 ("encode_s", "HF encode_batch, 2 threads"),

@@ -57,7 +57,8 @@ def fail_once(command: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    table = commands()
+    # a core step needs no backend discovery (entry points: ~0.05 s of every job's start-up)
+    table = CORE_COMMANDS if argv and argv[0] in CORE_COMMANDS else commands()
     if argv and argv[0] in RENAMED:
         sys.exit(f"llmpipe {argv[0]}: renamed to `llmpipe {RENAMED[argv[0]]}` (backend commands are <backend>-<step>)")
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in table:

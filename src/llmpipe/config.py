@@ -5,12 +5,14 @@ from __future__ import annotations
 import copy
 import difflib
 import functools
+import hashlib
 import json
+import logging
 import math
+import os
 import re
 from pathlib import Path
 
-import jsonschema
 import yaml
 
 SCHEMA_PATH = Path(__file__).with_name("config_schema.yaml")
@@ -52,6 +54,8 @@ def _with_defaults(validator_class):
                     instance.setdefault(name, copy.deepcopy(sub["default"]))
         yield from validate_properties(validator, properties, instance, schema)
 
+    import jsonschema
+
     return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
 
 
@@ -65,10 +69,89 @@ def _is_number(checker, value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-_Validator = jsonschema.validators.extend(
-    _with_defaults(jsonschema.Draft202012Validator),
-    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine_many({"integer": _is_integer, "number": _is_number}),
-)
+@functools.cache
+def _validator():
+    """The schema's validator (jsonschema imported here: ~0.15 s a process, which a cached check skips)."""
+    import jsonschema
+
+    cls = jsonschema.validators.extend(
+        _with_defaults(jsonschema.Draft202012Validator),
+        type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine_many({"integer": _is_integer, "number": _is_number}),
+    )
+    return cls(_schema())
+
+
+# ---------------------------------------------------------------- a cache of schema checks
+# Every job validates its slice of the config; importing jsonschema and parsing the schema cost ~0.25 s
+# of a job's start-up. A config that passed is kept, defaults filled, under the sha256 of its text and of
+# the schema files, so the same config under the same schema is checked once per machine (per cache dir).
+CACHE_ENV = "LLMPIPE_CONFIG_CACHE"  # a folder; "off" (or "0") disables the cache
+
+
+def _cache_dir() -> Path | None:
+    value = os.environ.get(CACHE_ENV)
+    if value in ("off", "0"):
+        return None
+    if value:
+        return Path(value)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "llmpipe" / "config"
+
+
+@functools.cache
+def _schema_stamp() -> str:
+    """sha256 of what the schema is built from: config_schema.yaml, each backend's name and section file."""
+    from llmpipe import backends
+
+    h = hashlib.sha256(SCHEMA_PATH.read_bytes())
+    for b in backends.all_backends():
+        h.update(f"\0{b.name}\0".encode())
+        if b.section_schema:
+            h.update(Path(b.section_schema).read_bytes())
+    return h.hexdigest()
+
+
+def _plain(value) -> bool:
+    """JSON gives it back unchanged: str keys; str, int, finite float, bool, None, list, dict values."""
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(map(_plain, value))
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return value is None or isinstance(value, (str, int, bool))
+
+
+def _cache_file(config: dict) -> Path | None:
+    folder = _cache_dir()
+    if folder is None:
+        return None
+    if not _plain(config):  # a YAML date, a number as a key, NaN: checked every time
+        return None
+    text = json.dumps(config, sort_keys=True)
+    return folder / f"{hashlib.sha256(f'{_schema_stamp()}:{text}'.encode()).hexdigest()}.json"
+
+
+def _cached(file: Path | None) -> dict | None:
+    if file is None:
+        return None
+    try:
+        return json.loads(file.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _remember(file: Path | None, checked: dict) -> None:
+    if file is None:
+        return
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = file.with_name(f".{file.name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(checked, fh)
+        os.replace(tmp, file)
+    except (OSError, TypeError, ValueError) as exc:  # a read-only or full home: no cache, same result
+        logging.getLogger(__name__).debug("config check not cached (%s)", exc)
 
 
 # Names other tools use (NxD, SageMaker marketplace, HF Trainer) for keys of ours.
@@ -115,7 +198,7 @@ def _subschema(schema: dict, path: list) -> dict:
     return schema
 
 
-def _describe(error: jsonschema.ValidationError, schema: dict) -> str:
+def _describe(error, schema: dict) -> str:
     path = [str(p) for p in error.absolute_path]
     where = ".".join(path) or "<top level>"
     if error.validator == "additionalProperties":
@@ -151,12 +234,19 @@ def validate(config: dict | None, whole: bool = True) -> dict:
     moved = parallelism.moved_keys(config)
     if moved:
         raise ConfigError("invalid llmpipe config:\n" + "\n".join(f"  - {m}" for m in moved))
-    schema = _schema()  # read only
-    _coerce_numbers(config, schema, schema)
-    errors = sorted(_Validator(schema).iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
-    if errors:
-        lines = "\n".join(f"  - {_describe(e, schema)}" for e in errors)
-        raise ConfigError(f"invalid llmpipe config:\n{lines}")
+    cache = _cache_file(config)
+    checked = _cached(cache)
+    if checked is not None:
+        config.clear()
+        config.update(checked)
+    else:
+        schema = _schema()  # read only
+        _coerce_numbers(config, schema, schema)
+        errors = sorted(_validator().iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
+        if errors:
+            lines = "\n".join(f"  - {_describe(e, schema)}" for e in errors)
+            raise ConfigError(f"invalid llmpipe config:\n{lines}")
+        _remember(cache, config)
     parallelism.resolve(config)
     problems = _cross_checks(config) + _hub_checks(config) + (_resource_checks(config) if whole else [])
     if whole and not problems:  # a backend's checks may assume the shared keys are consistent

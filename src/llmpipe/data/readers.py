@@ -11,7 +11,6 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-import fsspec
 import orjson
 
 log = logging.getLogger(__name__)
@@ -110,15 +109,24 @@ def _base_name(url: str) -> str:
     return name.rsplit(".", 1)[0] if _compression(url) else name
 
 
+def _open_raw(url: str, compression: str | None = None):
+    """A local path by the builtin open (fsspec's import costs every job ~0.08 s), anything else by fsspec."""
+    if "://" not in url and compression is None:
+        return open(url, "rb")
+    import fsspec
+
+    return fsspec.open(url, "rb", compression=compression)
+
+
 @contextlib.contextmanager
 def _open_binary(url: str) -> Iterator:
     """A line-iterable binary stream of `url`, decompressed by its suffix."""
     comp = _compression(url)
     if comp not in ("zstd", "gzip"):
-        with fsspec.open(url, "rb", compression=comp) as fh:
+        with _open_raw(url, comp) as fh:
             yield fh
         return
-    with fsspec.open(url, "rb") as raw:
+    with _open_raw(url) as raw:
         if comp == "gzip":  # ISA-L's gzip reader: same bytes as the gzip module, ~2.5x faster
             from isal import igzip
 
@@ -776,7 +784,7 @@ def broken(source: str, exc: BaseException, reached: str | None) -> BadSource:
 def _parquet(url: str, text_field: str) -> Iterator[tuple[str, object]]:
     import pyarrow.parquet as pq
 
-    with fsspec.open(url, "rb") as fh:
+    with _open_raw(url) as fh:
         pf = pq.ParquetFile(fh)
         if text_field not in pf.schema_arrow.names:
             raise BadSource("missing_field", url, f"no '{text_field}' column (columns: {', '.join(pf.schema_arrow.names)})")
@@ -902,7 +910,7 @@ def check(where: str, value: object, cfg: dict) -> str | BadRecord:
         return BadRecord("not_string", where, f"text is {type(value).__name__}, not a string")
     if "\x00" in value:
         return BadRecord("nul_bytes", where, "text contains NUL bytes")
-    if not value.strip():
+    if not value or value.isspace():  # as `not value.strip()`, without copying the text
         return BadRecord("empty", where, "empty document")
     limit = cfg["max_document_chars"]
     if limit is not None and len(value) > limit:
@@ -952,7 +960,7 @@ def documents(
                     if not streamed:
                         result = result.read()
                 else:
-                    stats.bytes += len(result.encode("utf-8", "surrogatepass"))
+                    stats.bytes += len(result) if result.isascii() else len(result.encode("utf-8", "surrogatepass"))
                 yield index - 1, result
         except Exception as exc:
             if isinstance(exc, BadRecord) or not is_read_error(exc):

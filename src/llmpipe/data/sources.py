@@ -14,7 +14,6 @@ import hashlib
 import os
 from dataclasses import dataclass
 
-import fsspec
 from braceexpand import braceexpand
 
 from llmpipe.data.readers import HF_PREFIX
@@ -33,6 +32,8 @@ def is_validation(source_index: int, record_index: int, fraction: float, seed: i
 
 
 def _glob(pattern: str) -> list[str]:
+    import fsspec
+
     fs, path = fsspec.core.url_to_fs(pattern)
     protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
     local = protocol in ("file", "local")
@@ -160,6 +161,8 @@ def describe(source: str, known: dict | None = None) -> dict:
     unchanged keeps its sha256 without being read again."""
     if source.startswith(HF_PREFIX):
         return {"source": source}
+    import fsspec
+
     fs, path = fsspec.core.url_to_fs(source)
     info = fs.info(path)
     entry = {"source": source, "size": info.get("size")}

@@ -39,3 +39,15 @@ def write(path: str | Path, tensors: dict[str, tuple[np.dtype, Path | np.ndarray
                     shutil.copyfileobj(src, out, 1 << 22)
             else:
                 out.write(np.ascontiguousarray(data, dtype=dtype.newbyteorder("<")).tobytes())
+
+
+def memmap(path: str | Path, name: str) -> np.ndarray:
+    """Tensor `name` of a safetensors file as a read-only memory map (1-D tensors only)."""
+    with open(path, "rb") as fh:
+        (n,) = struct.unpack("<Q", fh.read(8))
+        info = json.loads(fh.read(n))[name]
+    dtype = {v: k for k, v in DTYPES.items()}[info["dtype"]].newbyteorder("<")
+    a, b = info["data_offsets"]
+    if a == b:  # mmap cannot map 0 bytes
+        return np.zeros(0, dtype)
+    return np.memmap(path, dtype, "r", offset=8 + n + a, shape=((b - a) // dtype.itemsize,))

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 from safetensors import safe_open
 
-from llmpipe.data import mixture
+from llmpipe.data import mixture, stfile
 from llmpipe.data.readers import ReadStats
 from llmpipe.io import write_json
 
@@ -95,29 +95,36 @@ class SplitStream:
     """One split's token stream: every shard's tokens, in manifest order, as one random-access array."""
 
     def __init__(self, root: Path, files: list[str], split: str):
-        self.split = split
-        self._files = [safe_open(str(root / f), framework="numpy") for f in files]
-        self._slices = [f.get_slice(f"{split}.tokens") for f in self._files]
-        sizes = [s.get_shape()[0] for s in self._slices]
-        self.starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self.split, self._paths = split, [root / f for f in files]
+        self._tokens = [stfile.memmap(p, f"{split}.tokens") for p in self._paths]  # ~3x cheaper a slice than safe_open
+        self.dtype = self._tokens[0].dtype if self._tokens else np.dtype(np.uint16)
+        self.starts = np.concatenate([[0], np.cumsum([t.size for t in self._tokens])]).astype(np.int64)
         self.size = int(self.starts[-1])
 
     def read(self, a: int, b: int) -> np.ndarray:
         """Tokens [a, b) as int64."""
+        return self.view(a, b).astype(np.int64)
+
+    def view(self, a: int, b: int) -> np.ndarray:
+        """Tokens [a, b) in the store's dtype (read-only; a copy only when they span shards)."""
         if not 0 <= a <= b <= self.size:
             raise IndexError(f"[{a}, {b}) outside the {self.split} stream of {self.size} tokens")
-        parts, i = [], int(np.searchsorted(self.starts, a, side="right") - 1)
+        if a == b:
+            return np.zeros(0, self.dtype)
+        i = int(np.searchsorted(self.starts, a, side="right") - 1)
+        if b <= self.starts[i + 1]:
+            return self._tokens[i][a - int(self.starts[i]) : b - int(self.starts[i])]
+        parts = []
         while a < b:
-            lo, hi = a - self.starts[i], min(b, self.starts[i + 1]) - self.starts[i]
-            if hi > lo:  # an empty shard (more shards than documents) holds nothing to slice
-                parts.append(self._slices[i][int(lo) : int(hi)].astype(np.int64))
-            a = int(self.starts[i] + hi)
+            lo, hi = a - int(self.starts[i]), min(b, int(self.starts[i + 1])) - int(self.starts[i])
+            parts.append(self._tokens[i][lo:hi])
+            a = int(self.starts[i]) + hi
             i += 1
-        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        return np.concatenate(parts)
 
     def doc_starts(self) -> np.ndarray:
         """Stream positions where each document begins (all shards)."""
-        parts = [f.get_tensor(f"{self.split}.offsets")[:-1] + base for f, base in zip(self._files, self.starts)]
+        parts = [stfile.memmap(p, f"{self.split}.offsets")[:-1] + base for p, base in zip(self._paths, self.starts)]
         return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 

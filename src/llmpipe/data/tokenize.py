@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import hashlib
 import json
 import logging
-import multiprocessing
 import os
 import time
 from array import array
-from concurrent.futures import ProcessPoolExecutor
-from itertools import chain
+from itertools import accumulate
 from pathlib import Path
+from struct import pack
 
 import numpy as np
 from tqdm import tqdm
@@ -52,29 +52,37 @@ class _SplitWriter:
         self.fh = open(path, "wb")
         self.offsets, self.doc_ids = array("q", [0]), array("q")
         self.sha = hashlib.sha256()
+        self.code = {1: "B", 2: "H", 4: "I"}[self.dtype.itemsize]  # struct's code for the unsigned dtype
 
     def add_batch(self, docs: list[list[int]], dids: list[int], prefix: list[int], suffix: list[int]) -> None:
-        """Documents, each as prefix + ids + suffix, converted to one array in a single pass."""
+        """Documents, each as prefix + ids + suffix, little-endian in the writer's dtype. struct.pack per
+        document: about twice as fast as np.fromiter over the chained lists."""
         if not docs:
             return
-        lengths = np.fromiter(map(len, docs), np.int64, count=len(docs))
-        extra = len(prefix) + len(suffix)
-        ends = np.cumsum(lengths + extra)
-        arr = np.empty(int(ends[-1]), self.dtype)  # numpy dtypes here are little-endian on x86/arm
-        body = np.ones(arr.size, bool)  # where the documents' own ids go
-        marks = [(ends - lengths - extra + k, t) for k, t in enumerate(prefix)]
-        marks += [(ends - len(suffix) + k, t) for k, t in enumerate(suffix)]
-        for at, t in marks:
-            arr[at], body[at] = t, False
-        arr[body] = np.fromiter(chain.from_iterable(docs), self.dtype, count=int(lengths.sum()))
-        data = arr.tobytes()
+        code, extra = self.code, len(prefix) + len(suffix)
+        data = b"".join(pack(f"<{len(d) + extra}{code}", *prefix, *d, *suffix) for d in docs)
         self.fh.write(data)
         self.sha.update(data)
-        self.offsets.extend((ends + self.offsets[-1]).tolist())
+        ends = accumulate((len(d) + extra for d in docs), initial=self.offsets[-1])
+        next(ends)  # the running total it starts from, already there
+        self.offsets.extend(ends)
         self.doc_ids.extend(dids)
 
     def counts(self) -> dict:
         return {"documents": len(self.doc_ids), "tokens": self.offsets[-1]}
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """The cyclic garbage collector off: encoding makes millions of int lists and no cycles, and its passes
+    over them cost ~2 % of a tokenize job."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 # Data settings that change the tokens of a shard (the rest only change views). data.range_split_bytes is
@@ -137,7 +145,7 @@ def tokenize_shard(
             for r_idx, text in documents(source, d, stats, mixture.keeper(mix, s_idx, keep), stride, part, streamed=True):
                 yield doc_id(s_idx, r_idx), is_validation(s_idx, r_idx, d["val_fraction"], d["split_seed"]), text
 
-    with atomic_path(out) as tmp:
+    with atomic_path(out) as tmp, _gc_paused():
         writers = {s: _SplitWriter(tmp.with_name(tmp.name + f".{s}.bin"), dtype) for s in SPLITS}
         encoder = None
         try:
@@ -268,6 +276,9 @@ def tokenize_job(cfg: dict, sources_json: str, job: int, tokenizer_dir: str, out
     if workers == 1:
         done = map(_timed_shard, tasks)
     else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
         pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
         done = pool.map(_timed_shard, tasks)
     try:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +24,7 @@ from llmpipe.data.token_store import TokenStore
 
 log = logging.getLogger(__name__)
 ROWS_PER_BATCH = 256
+AHEAD = 2  # batches made at once, ahead of the writer
 WRITER_BATCH_SIZE = 1000  # datasets.config.DEFAULT_MAX_BATCH_SIZE, ArrowWriter's record batch limit
 
 
@@ -101,14 +104,24 @@ def write_split(
     perm = order(layout.rows, shuffle, seed)
     out.mkdir(parents=True)
     data_file = "data-00000-of-00001.arrow"
-    with open(out / data_file, "wb") as fh, pa.ipc.new_stream(fh, schema) as writer:
-        for k in tqdm(range(0, layout.rows, ROWS_PER_BATCH), desc=f"pack hf/{split}", unit=" batches", mininterval=10):
-            ids, mask, segs = rows(stream.read, layout, perm[k : k + ROWS_PER_BATCH], store.eos_id, starts, np.int32)
-            labels = ids if mask.all() else np.where(mask == 1, ids, np.int32(IGNORE_INDEX))
-            cols = [_column(ids, np.int32, seq_len), _column(mask, np.int8, seq_len), _column(labels, np.int32, seq_len)]
-            if segment_ids:
-                cols.append(_column(segs, seg_dtype, seq_len))
-            writer.write_table(pa.Table.from_batches([pa.record_batch(cols, schema=schema)]), WRITER_BATCH_SIZE)
+
+    def batch(k: int) -> pa.RecordBatch:
+        ids, mask, segs = rows(stream.view, layout, perm[k : k + ROWS_PER_BATCH], store.eos_id, starts, np.int32)
+        labels = ids if mask.all() else np.where(mask == 1, ids, np.int32(IGNORE_INDEX))
+        cols = [_column(ids, np.int32, seq_len), _column(mask, np.int8, seq_len), _column(labels, np.int32, seq_len)]
+        if segment_ids:
+            cols.append(_column(segs, seg_dtype, seq_len))
+        return pa.record_batch(cols, schema=schema)
+
+    starts_at = range(0, layout.rows, ROWS_PER_BATCH)
+    with open(out / data_file, "wb") as fh, pa.ipc.new_stream(fh, schema) as writer, ThreadPoolExecutor(AHEAD) as pool:
+        # the next AHEAD batches are made while this one is written (numpy and the write free the GIL)
+        ahead = deque(pool.submit(batch, k) for k in starts_at[:AHEAD])
+        for k in tqdm(starts_at, desc=f"pack hf/{split}", unit=" batches", mininterval=10):
+            done = ahead.popleft().result()
+            if k + AHEAD * ROWS_PER_BATCH < layout.rows:
+                ahead.append(pool.submit(batch, k + AHEAD * ROWS_PER_BATCH))
+            writer.write_table(pa.Table.from_batches([done]), WRITER_BATCH_SIZE)
     made_by = {
         "store": store.manifest["fingerprint"],
         "split": split,
