@@ -26,11 +26,11 @@ import argparse
 import contextlib
 import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+from gpu_cases import launch_case  # benchmarks/gpu_cases.py
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
@@ -56,7 +56,6 @@ SHAPES = {  # Llama shapes (HF config names); 1b: TinyLlama-1.1B's layout withou
         vocab_size=32000,
     ),
 }
-PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
 
 
 # ---------------------------------------------------------------- one case (inside torchrun)
@@ -161,12 +160,6 @@ def run_case(case: dict) -> dict:
 # ---------------------------------------------------------------- driver
 
 
-def peak_for(device: str, given: float | None) -> float | None:
-    if given:
-        return given
-    return next((v for k, v in PEAK_TFLOPS.items() if k in device), None)
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--gpus", type=int, default=None, help="processes (default: all visible GPUs)")
@@ -211,44 +204,7 @@ def main() -> None:
                 "warmup": args.warmup,
                 "gc": plugin != "torch" and not args.no_gc,
             }
-            with tempfile.TemporaryDirectory() as tmp:
-                res = Path(tmp) / "r.json"
-                cmd = [
-                    sys.executable,
-                    "-m",
-                    "torch.distributed.run",
-                    "--standalone",
-                    "--nproc_per_node",
-                    str(gpus),
-                    __file__,
-                    "--case",
-                    json.dumps(case),
-                    "--result",
-                    str(res),
-                ]
-                env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}:{os.environ.get('PYTHONPATH', '')}"}
-                try:
-                    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
-                    failed = proc.returncode != 0
-                    tail = proc.stdout[-1500:] + proc.stderr[-1500:]
-                except subprocess.TimeoutExpired:
-                    failed, tail = True, "timeout"
-                if failed or not res.exists():
-                    why = "OOM" if "out of memory" in tail.lower() or "OutOfMemory" in tail else "failed"
-                    results.append({**case, "world": gpus, "error": why, "log_tail": tail[-800:]})
-                    print(f"{shape:>4} {plugin:<12} {why}", flush=True)
-                    continue
-                r = json.loads(res.read_text())
-            peak = peak_for(r["device"], args.peak_tflops)
-            r["mfu"] = r["model_tflops_per_gpu"] / peak if peak else None
-            results.append(r)
-            mfu = "-" if r["mfu"] is None else f"{r['mfu']:.1%}"
-            mem = "-" if r["peak_memory_gib"] is None else f"{r['peak_memory_gib']:.1f} GiB"
-            print(
-                f"{shape:>4} {plugin:<12} {r['tokens_per_s_per_gpu']:>10.0f} tok/s/GPU  "
-                f"{r['model_tflops_per_gpu']:7.1f} TFLOP/s/GPU  MFU {mfu}  peak {mem}  ({r['device']} x {r['world']})",
-                flush=True,
-            )
+            results.append(launch_case(__file__, case, f"{shape:>4} {plugin:<12}", gpus, args.timeout, args.peak_tflops))
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
 

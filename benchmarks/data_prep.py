@@ -1,6 +1,7 @@
 """Data prep: the seeds' recipe vs llmpipe's data stages, same machine, same process tree.
 
   python benchmarks/data_prep.py [--corpora chunks books] [--shared ../shared/data] [--repeat N] [--scale 10]
+      [--paths-only]   (chunks: our tiktoken and HF paths, each right before its encoder alone)
 
 Seeds' recipe (neuronx-distributed examples/training/llama/get_dataset.py): datasets.load_dataset(json)
 + map(tokenize, batched, num_proc=2) + map(group_texts, num_proc=2) + save_to_disk, GPT-2, 4096.
@@ -14,6 +15,7 @@ tokens/s, peak RSS, the ratios, our time per stage, and the HF tokenizer alone o
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import resource
@@ -144,11 +146,12 @@ def worker_ours(corpus: str, work: Path, backend: str, records: int | None, copi
     py = [sys.executable, "-m", "llmpipe"]
     os.environ[CONFIG_CACHE] = str(work / "config-cache")  # empty: each run pays the first run's config checks
     store = work / "tokens"
-    stages, last = {}, [time.perf_counter()]
+    stages, cpu, last = {}, {}, [time.perf_counter(), _children_cpu()]
 
-    def lap(name):
-        now = time.perf_counter()
-        stages[name], last[0] = round(now - last[0], 2), now
+    def lap(name):  # wall and CPU seconds of the stage's processes
+        now, used = time.perf_counter(), _children_cpu()
+        stages[name], cpu[name] = round(now - last[0], 2), round(used - last[1], 2)
+        last[:] = now, used
 
     def run(*args):
         subprocess.run(py + list(args), check=True, capture_output=True)
@@ -208,35 +211,39 @@ def worker_ours(corpus: str, work: Path, backend: str, records: int | None, copi
     lap("pack")
     manifest = json.loads((store / "manifest.json").read_text())
     encoders = sorted({s["encoder"] for s in manifest["shards"]})
-    return {"tokens": sum(manifest["totals"][s]["tokens"] for s in ("train", "val")), "encoders": encoders, "stages": stages}
+    tokens = sum(manifest["totals"][s]["tokens"] for s in ("train", "val"))
+    return {"tokens": tokens, "encoders": encoders, "stages": stages, "stages_cpu": cpu}
 
 
-def worker_encode(corpus: str, work: Path) -> dict:
-    """The limit with an HF tokenizer, text already in memory: encode_batch_fast (no character offsets,
-    the call our HF path makes) in 2 processes of 1 thread each (as our 2 tokenize jobs run), then
-    encode_batch and encode_batch_fast in one process with 2 threads."""
+def _texts(corpus: str) -> list[str]:
     import gzip
 
     import orjson
 
     with gzip.open(corpus, "rb") as fh:
-        texts = [orjson.loads(line)["text"] for line in fh]
-    file = str(GPT2 / "tokenizer.json")
-    # forked before this process starts any tokenizer thread pool
-    procs, procs_tokens, procs_cpu = two_processes(texts, _hf_count)
-    tik_s, tik_tokens, tik_cpu = two_processes(texts, _tiktoken_count)
-    assert tik_tokens == procs_tokens
+        return [orjson.loads(line)["text"] for line in fh]
+
+
+def worker_alone(corpus: str, which: str) -> dict:
+    """The encoder alone, text already in memory, in 2 forked processes of 1 thread (as our 2 tokenize jobs
+    run): tiktoken's encode_ordinary, or HF's encode_batch_fast (the calls our two paths make)."""
+    secs, tokens, cpu = two_processes(_texts(corpus), _tiktoken_count if which == "tiktoken" else _hf_count)
+    return {"tokens": tokens, "alone_s": secs, "alone_cpu": cpu}
+
+
+def worker_encode(corpus: str, work: Path) -> dict:
+    """HF encode_batch and encode_batch_fast in one process with 2 threads, text already in memory."""
+    texts = _texts(corpus)
     os.environ["RAYON_NUM_THREADS"] = "2"
     from tokenizers import Tokenizer
 
-    tok = Tokenizer.from_file(file)
+    tok = Tokenizer.from_file(str(GPT2 / "tokenizer.json"))
     start = time.perf_counter()
     tokens = sum(len(e.ids) for e in tok.encode_batch(texts, add_special_tokens=False))
     mid = time.perf_counter()
     fast = sum(len(e.ids) for e in tok.encode_batch_fast(texts, add_special_tokens=False))
-    assert fast == tokens == procs_tokens
-    out = {"tokens": tokens, "encode_s": mid - start, "encode_fast_s": time.perf_counter() - mid, "encode_fast_2proc_s": procs}
-    return out | {"tiktoken_2proc_s": tik_s, "tiktoken_2proc_cpu": tik_cpu, "encode_fast_2proc_cpu": procs_cpu}
+    assert fast == tokens
+    return {"tokens": tokens, "encode_s": mid - start, "encode_fast_s": time.perf_counter() - mid}
 
 
 def _hf_count(texts: list[str]) -> int:
@@ -291,6 +298,8 @@ def worker(args) -> None:
             out = worker_recipe(args.corpus, work)
         elif args.worker == "encode":
             out = worker_encode(args.corpus, work)
+        elif args.worker.startswith("alone-"):
+            out = worker_alone(args.corpus, args.worker.split("-")[1])
         else:
             out = worker_ours(args.corpus, work, args.worker.split("-")[1], args.records, args.copies)
     finally:
@@ -312,13 +321,25 @@ def median_runs(cmds: dict[str, list[str]], repeat: int) -> dict[str, dict]:
     for name, rs in runs.items():
         rs.sort(key=lambda r: r["wall"])
         out[name] = {**rs[len(rs) // 2], "rss": max(r["rss"] for r in rs), "anon": max(r["anon"] for r in rs)}
-    return out
+    return out, runs
+
+
+def paired(runs: dict[str, list[dict]], ours: str, alone: str) -> str:
+    """Throughput of `ours` over the encoder alone, per round (the two measured one after the other, so a
+    drift in the machine's speed between rounds cancels out): the median and every round's, by wall time
+    and by CPU seconds."""
+    wall = sorted(a["alone_s"] / o["wall"] * o["tokens"] / a["tokens"] for o, a in zip(runs[ours], runs[alone]))
+    cpu = sorted(a["alone_cpu"] / o["cpu"] * o["tokens"] / a["tokens"] for o, a in zip(runs[ours], runs[alone]))
+    each = ", ".join(f"{x:.0%}" for x in wall)
+    return f"{wall[len(wall) // 2]:.0%} (rounds: {each}); by CPU seconds {cpu[len(cpu) // 2]:.0%}"
 
 
 def row(name: str, r: dict, base: dict | None) -> str:
     speed = r["tokens"] / r["wall"]
-    ratio = f"{base['wall'] / r['wall']:5.2f}x faster, RSS {r['rss'] / base['rss']:.2f}x" if base else "baseline"
-    stages = "\n    stages (s): " + ", ".join(f"{k} {v}" for k, v in r["stages"].items()) if "stages" in r else ""
+    ratio = f"{base['wall'] / r['wall']:5.2f}x faster, RSS {r['rss'] / base['rss']:.2f}x" if base else ""
+    stages = ""
+    if "stages" in r:
+        stages = "\n    stages, wall (CPU) s: " + ", ".join(f"{k} {v} ({r['stages_cpu'][k]})" for k, v in r["stages"].items())
     return f"{name:<34} {r['wall']:7.1f} s {speed / 1e6:6.2f} M tok/s {r['rss'] / 2**30:6.2f} GB   {ratio}{stages}"
 
 
@@ -333,10 +354,14 @@ def main() -> None:
     p.add_argument("--records", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--copies", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--scale", type=int, default=0, help="also run ours on a corpus this many times the chunks one")
+    p.add_argument("--paths-only", action="store_true", help="chunks: only our two paths and their encoders alone")
     p.add_argument("--only-scale", action="store_true", help="with --scale: only ours at x1 and xN (chunks)")
     args = p.parse_args()
     if args.worker:
         return worker(args)
+    # bytecode for llmpipe's modules, as an installed package has: without it (PYTHONDONTWRITEBYTECODE set,
+    # a read-only checkout) every step compiles the modules it imports again, ~0.05 s a process
+    compileall.compile_dir(REPO / "src" / "llmpipe", quiet=1)
     me = [sys.executable, __file__]
     tmp = ["--tmp", args.tmp] if args.tmp else []
     for name in args.corpora:
@@ -348,14 +373,15 @@ def main() -> None:
         )
         run = me + ["--corpus", corpus] + tmp
         cmds = {"recipe": run + ["--worker", "recipe"], "ours": run + ["--worker", "ours-auto"]}
-        if name == "chunks":
-            cmds |= {"hf": run + ["--worker", "ours-hf"], "encode": run + ["--worker", "encode"]}
+        if name == "chunks":  # each path right before its encoder alone: a ratio per round (see paired)
+            cmds |= {"tiktoken": run + ["--worker", "alone-tiktoken"], "hf": run + ["--worker", "ours-hf"]}
+            cmds |= {"hf-alone": run + ["--worker", "alone-hf"], "encode": run + ["--worker", "encode"]}
             if args.scale > 1:
                 cmds["scaled"] = run + ["--worker", "ours-auto", "--copies", str(args.scale)]
         else:
             cmds["half"] = run + ["--worker", "ours-auto", "--records", "148"]
         if args.only_scale and args.scale > 1 and name == "chunks":
-            r = median_runs({k: cmds[k] for k in ("ours", "scaled")}, args.repeat)
+            r, _ = median_runs({k: cmds[k] for k in ("ours", "scaled")}, args.repeat)
             ours, big = r["ours"], r["scaled"]
             print(row("llmpipe x1", ours, None), "\n" + row(f"llmpipe x{args.scale}", big, None))
             print(
@@ -364,18 +390,18 @@ def main() -> None:
                 f"{ours['anon'] / 2**30:.2f} -> {big['anon'] / 2**30:.2f} GB, {big['anon'] / ours['anon']:.2f}x"
             )
             continue
-        r = median_runs(cmds, args.repeat)
-        base = r["recipe"]
-        print(row("seeds' recipe", base, None))
+        if args.paths_only:
+            cmds = {k: v for k, v in cmds.items() if k not in ("recipe", "encode")}
+        r, runs = median_runs(cmds, args.repeat)
+        base = r.get("recipe")
+        if base:
+            print(row("seeds' recipe", base, None) + "baseline")
         print(row(f"llmpipe ({'+'.join(r['ours']['encoders'])})", r["ours"], base))
         if name == "chunks":
-            hf, enc, ours = r["hf"], r["encode"], r["ours"]
-            limit = enc["tokens"] / enc["tiktoken_2proc_s"]
+            hf, enc, ours, tik, hfa = r["hf"], r.get("encode"), r["ours"], r["tiktoken"], r["hf-alone"]
             print(
-                f"{'tiktoken alone, 2 procs':<34} {enc['tiktoken_2proc_s']:7.1f} s {limit / 1e6:6.2f} M tok/s"
-                f"   llmpipe tiktoken path end to end reaches {ours['tokens'] / ours['wall'] / limit:.0%} of it (target 80 %)"
-                f"\n    CPU seconds: llmpipe {ours['cpu']:.1f}, tiktoken alone {enc['tiktoken_2proc_cpu']:.1f}: "
-                f"{enc['tiktoken_2proc_cpu'] / ours['cpu']:.0%} (steadier than wall time on a shared machine)"
+                f"{'tiktoken alone, 2 procs':<34} {tik['alone_s']:7.1f} s {tik['tokens'] / tik['alone_s'] / 1e6:6.2f} M tok/s"
+                f"\n    llmpipe tiktoken path end to end over it: {paired(runs, 'ours', 'tiktoken')} (target 80 %)"
             )
             print(row("llmpipe (HF tokenizer only)", hf, base))
             if "scaled" in r:
@@ -387,14 +413,12 @@ def main() -> None:
                     f"pages) {ours['anon'] / 2**30:.2f} -> {big['anon'] / 2**30:.2f} GB, {big['anon'] / ours['anon']:.2f}x",
                 )
             print(
-                f"    CPU seconds: llmpipe HF path {hf['cpu']:.1f}, HF encode_batch_fast in 2 procs alone "
-                f"{enc['encode_fast_2proc_cpu']:.1f}: {enc['encode_fast_2proc_cpu'] / hf['cpu']:.0%}"
+                f"{'HF encode_batch_fast alone, 2 procs':<34} {hfa['alone_s']:7.1f} s {hfa['tokens'] / hfa['alone_s'] / 1e6:6.2f} M tok/s"
+                f"\n    llmpipe HF path end to end over it: {paired(runs, 'hf', 'hf-alone')} (target 95 %)"
             )
-            for key, what in (
-                ("encode_fast_2proc_s", "HF encode_batch_fast, 2 procs"),
-                ("encode_s", "HF encode_batch, 2 threads"),
-                ("encode_fast_s", "HF encode_batch_fast, 2 threads"),
-            ):
+            for key, what in (("encode_s", "HF encode_batch, 2 threads"), ("encode_fast_s", "HF encode_batch_fast, 2 threads")):
+                if enc is None:
+                    break
                 limit = enc["tokens"] / enc[key]
                 print(
                     f"{what + ' alone':<34} {enc[key]:7.1f} s {limit / 1e6:6.2f} M tok/s"

@@ -12,14 +12,13 @@ shards. Target: 10,000 shards in under 15 s and 2 GB.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from peak import run_alone  # benchmarks/peak.py
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from llmpipe.data.tokenize import num_jobs  # noqa: E402
@@ -34,20 +33,12 @@ def dry_run(work: Path, profile: str, shards: int, per_job: int | None) -> tuple
     overlay = work / "shards.yaml"
     overlay.write_text(f"data: {{num_shards: {shards}, shards_per_job: {'null' if per_job is None else per_job}}}\n")
     cmd = [sys.executable, "-m", "snakemake", "-n", "--profile", profile, "--configfile", str(overlay)]
-    start = time.perf_counter()
-    with tempfile.TemporaryFile("w+") as out:
-        proc = subprocess.Popen(cmd, cwd=work, stdout=out, stderr=subprocess.STDOUT, text=True)
-        _, status, usage = os.wait4(proc.pid, 0)
-        wall = time.perf_counter() - start
-        out.seek(0)
-        text = out.read()
-    if os.waitstatus_to_exitcode(status):
-        raise SystemExit(text[-3000:])
+    wall, peak, text = run_alone(cmd, cwd=work)
     expected = num_jobs({"num_shards": shards, "shards_per_job": per_job})
     jobs = text.count("rule tokenize:")
     if jobs != expected:
         raise SystemExit(f"expected {expected} tokenize jobs in the dry run, saw {jobs}")
-    return wall, usage.ru_maxrss / 2**20, jobs
+    return wall, peak / 2**30, jobs
 
 
 def main() -> None:

@@ -26,11 +26,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+from gpu_cases import launch_case  # benchmarks/gpu_cases.py
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
@@ -48,7 +48,6 @@ SHAPES = {  # Llama shapes (HF config names); 1b: TinyLlama-1.1B's layout withou
         vocab_size=32000,
     ),
 }
-PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
 
 
 # ---------------------------------------------------------------- one case (inside torchrun)
@@ -158,12 +157,6 @@ def run_case(case: dict) -> dict:
 # ---------------------------------------------------------------- driver
 
 
-def peak_for(device: str, given: float | None) -> float | None:
-    if given:
-        return given
-    return next((v for k, v in PEAK_TFLOPS.items() if k in device), None)
-
-
 def cases(args) -> list[dict]:
     out = []
     for mode in args.modes.split(","):
@@ -226,34 +219,8 @@ def main() -> None:
     gpus = args.gpus or torch.cuda.device_count()
     results = []
     for case in cases(args):
-        name = f"{case['mode']:<8} compile {'on ' if case['compile'] else 'off'} masking {'on ' if case['masking'] else 'off'}"
-        with tempfile.TemporaryDirectory() as tmp:
-            res = Path(tmp) / "r.json"
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(gpus)]
-            cmd += [__file__, "--case", json.dumps(case), "--result", str(res)]
-            env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}:{os.environ.get('PYTHONPATH', '')}"}
-            try:
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
-                failed = proc.returncode != 0
-                tail = proc.stdout[-1500:] + proc.stderr[-1500:]
-            except subprocess.TimeoutExpired:
-                failed, tail = True, "timeout"
-            if failed or not res.exists():
-                why = "OOM" if "out of memory" in tail.lower() or "OutOfMemory" in tail else "failed"
-                results.append({**case, "world": gpus, "error": why, "log_tail": tail[-800:]})
-                print(f"{case['shape']:>4} {name} {why}", flush=True)
-                continue
-            r = json.loads(res.read_text())
-        peak = peak_for(r["device"], args.peak_tflops)
-        r["mfu"] = r["model_tflops_per_gpu"] / peak if peak else None
-        results.append(r)
-        mfu = "-" if r["mfu"] is None else f"{r['mfu']:.1%}"
-        mem = "-" if r["peak_memory_gib"] is None else f"{r['peak_memory_gib']:.1f} GiB"
-        print(
-            f"{case['shape']:>4} {name} {r['tokens_per_s_per_gpu']:>10.0f} tok/s/GPU  "
-            f"{r['model_tflops_per_gpu']:7.1f} TFLOP/s/GPU  MFU {mfu}  peak {mem}  ({r['device']} x {r['world']})",
-            flush=True,
-        )
+        name = f"{case['shape']:>4} {case['mode']:<8} compile {'on ' if case['compile'] else 'off'} masking {'on ' if case['masking'] else 'off'}"
+        results.append(launch_case(__file__, case, name, gpus, args.timeout, args.peak_tflops))
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
     if any("error" in r for r in results) and args.cpu_smoke:

@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from peak import run_alone  # benchmarks/peak.py
+
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "data" / "gutenberg-sample-2mb.jsonl.gz"
 GPT2 = REPO / "data" / "tokenizers" / "gpt2"
@@ -98,15 +100,8 @@ def build(work: Path, copies: int, remainder: str) -> dict:
 
 def measure(code: str, args: list[str]) -> dict:
     """Run `python -c code args...` alone; its wall time and peak RSS (ru_maxrss of that process)."""
-    t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=ENV)
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - t0
-    err = proc.stderr.read().decode()
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode:
-        raise SystemExit(f"verify failed:\n{err[-3000:]}")
-    return {"s": round(wall, 2), "peak_rss_mb": round(usage.ru_maxrss / 1024, 1)}
+    wall, peak, _ = run_alone([sys.executable, "-c", code, *args], env=ENV)
+    return {"s": round(wall, 2), "peak_rss_mb": round(peak / 2**20, 1)}
 
 
 def verify_code(module: Path | None) -> str:

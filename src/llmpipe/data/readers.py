@@ -557,7 +557,7 @@ def _each_line(lines, keep, pos: list[int], lineno: int = 0) -> Iterator[tuple[i
         else:
             if lineno == 1 and raw.startswith(BOM):  # a UTF-8 byte order mark (Windows editors)
                 raw = raw[len(BOM) :]
-            if not raw.strip():
+            if not raw or raw.isspace():  # blank, as `not raw.strip()` without copying the line
                 continue
         pos[1] += 1
         if keep is not None and not keep(pos[1] - 1):

@@ -383,9 +383,16 @@ def make_encoder(
         log.warning("tiktoken backend not usable (%s): using the HF tokenizer", exc)
         return hf
     head = max(SAMPLE_HEAD_CHARS, SAMPLE_CHARS // max(len(sample), 1))  # the HF side of the check costs ~1 s per MB
+    head = min(head, long_docs.LONG_DOC_CHARS)  # never a long document (those are encoded, and counted, piecewise)
     check = [t[:head] for t in sample] + PROBES
     names = [long_docs.name(where, i) for i in range(len(sample))] + [f"tokenizer probe {j}" for j in range(len(PROBES))]
-    want, got = hf.encode_batch(check, names), fast.encode_batch(check, names)
+    try:
+        want, got = hf.encode_batch(check, names), fast.encode_batch(check, names)
+    except long_docs.EncodeError as exc:  # on a head: name the whole document's size, as encoding it would
+        i = names.index(exc.where) if exc.where in names else len(sample)
+        if i < len(sample) and len(sample[i]) != len(check[i]) and exc.__cause__ is not None:
+            raise long_docs.EncodeError(exc.where, len(sample[i]), exc.__cause__) from exc.__cause__
+        raise
     bad = [i for i, (a, b) in enumerate(zip(want, got)) if a != b]
     if bad:
         msg = f"tiktoken ids differ from the HF tokenizer on {len(bad)} of {len(check)} sample texts"

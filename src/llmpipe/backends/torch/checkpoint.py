@@ -43,12 +43,7 @@ def load(path: Path, model, optimizer, scheduler) -> dict:
     """Restore everything saved by `save` (tensors only: weights_only=True) and return the trainer state."""
     load_model(model, str(path / "model.safetensors"), strict=True)
     optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
-    scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
-    rng = torch.load(path / "rng.pt", weights_only=True)
-    torch.set_rng_state(rng["cpu"])
-    if "cuda" in rng and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(rng["cuda"])
-    return json.loads((path / "trainer_state.json").read_text())
+    return _load_rest(path, scheduler)
 
 
 def _save_rest(folder: Path, step: int, scheduler, state: dict) -> None:
@@ -58,6 +53,16 @@ def _save_rest(folder: Path, step: int, scheduler, state: dict) -> None:
         rng["cuda"] = torch.cuda.get_rng_state_all()
     torch.save(rng, folder / "rng.pt")
     (folder / "trainer_state.json").write_text(json.dumps({**state, "step": step}, indent=2, sort_keys=True))
+
+
+def _load_rest(folder: Path, scheduler) -> dict:
+    """What _save_rest wrote: the scheduler and RNG restored, the trainer state returned."""
+    scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=True))
+    rng = torch.load(folder / "rng.pt", weights_only=True)
+    torch.set_rng_state(rng["cpu"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+    return json.loads((folder / "trainer_state.json").read_text())
 
 
 def save_sharded(root: Path, step: int, model, optimizer, scheduler, state: dict, keep: int, main: bool) -> Path:
@@ -101,9 +106,4 @@ def load_sharded(path: Path, model, optimizer, scheduler) -> dict:
     state = {"model": model_sd, "optimizer": optim_sd}
     dcp.load(state, checkpoint_id=str(path / "dcp"))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
-    scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
-    rng = torch.load(path / "rng.pt", weights_only=True)
-    torch.set_rng_state(rng["cpu"])
-    if "cuda" in rng and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(rng["cuda"])
-    return json.loads((path / "trainer_state.json").read_text())
+    return _load_rest(path, scheduler)
