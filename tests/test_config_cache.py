@@ -36,7 +36,7 @@ def test_a_bad_config_is_refused_and_never_kept(tmp_path, monkeypatch):
     assert not list(tmp_path.glob("*.json"))
 
 
-def test_a_tampered_entry_is_not_trusted_blindly(tmp_path, monkeypatch):
+def test_an_edited_config_is_a_new_entry(tmp_path, monkeypatch):
     """An entry is keyed by the config's text: editing the config makes a new key, not a stale hit."""
     monkeypatch.setenv(cfgmod.CACHE_ENV, str(tmp_path))
     cfgmod.load(json.dumps(CFG))

@@ -41,13 +41,25 @@ def write(path: str | Path, tensors: dict[str, tuple[np.dtype, Path | np.ndarray
                 out.write(np.ascontiguousarray(data, dtype=dtype.newbyteorder("<")).tobytes())
 
 
+def header(path: str | Path) -> tuple[dict, int]:
+    """(a safetensors file's JSON header, the byte where its tensor data starts); ValueError if it has none."""
+    with open(path, "rb") as fh:
+        head = fh.read(8)
+        if len(head) != 8:
+            raise ValueError(f"{path}: not a safetensors file")
+        (n,) = struct.unpack("<Q", head)
+        try:
+            return json.loads(fh.read(n)), 8 + n
+        except ValueError:  # bytes that are not a JSON header
+            raise ValueError(f"{path}: not a safetensors file (unreadable header)") from None
+
+
 def memmap(path: str | Path, name: str) -> np.ndarray:
     """Tensor `name` of a safetensors file as a read-only memory map (1-D tensors only)."""
-    with open(path, "rb") as fh:
-        (n,) = struct.unpack("<Q", fh.read(8))
-        info = json.loads(fh.read(n))[name]
+    tensors, base = header(path)
+    info = tensors[name]
     dtype = {v: k for k, v in DTYPES.items()}[info["dtype"]].newbyteorder("<")
     a, b = info["data_offsets"]
     if a == b:  # mmap cannot map 0 bytes
         return np.zeros(0, dtype)
-    return np.memmap(path, dtype, "r", offset=8 + n + a, shape=((b - a) // dtype.itemsize,))
+    return np.memmap(path, dtype, "r", offset=base + a, shape=((b - a) // dtype.itemsize,))

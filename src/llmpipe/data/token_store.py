@@ -109,18 +109,13 @@ class SplitStream:
         """Tokens [a, b) in the store's dtype (read-only; a copy only when they span shards)."""
         if not 0 <= a <= b <= self.size:
             raise IndexError(f"[{a}, {b}) outside the {self.split} stream of {self.size} tokens")
-        if a == b:
-            return np.zeros(0, self.dtype)
-        i = int(np.searchsorted(self.starts, a, side="right") - 1)
-        if b <= self.starts[i + 1]:
-            return self._tokens[i][a - int(self.starts[i]) : b - int(self.starts[i])]
-        parts = []
+        parts, i = [], int(np.searchsorted(self.starts, a, side="right") - 1)
         while a < b:
             lo, hi = a - int(self.starts[i]), min(b, int(self.starts[i + 1])) - int(self.starts[i])
             parts.append(self._tokens[i][lo:hi])
             a = int(self.starts[i]) + hi
             i += 1
-        return np.concatenate(parts)
+        return parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else np.zeros(0, self.dtype)
 
     def doc_starts(self) -> np.ndarray:
         """Stream positions where each document begins (all shards)."""

@@ -389,9 +389,9 @@ def make_encoder(
     try:
         want, got = hf.encode_batch(check, names), fast.encode_batch(check, names)
     except long_docs.EncodeError as exc:  # on a head: name the whole document's size, as encoding it would
-        i = names.index(exc.where) if exc.where in names else len(sample)
-        if i < len(sample) and len(sample[i]) != len(check[i]) and exc.__cause__ is not None:
-            raise long_docs.EncodeError(exc.where, len(sample[i]), exc.__cause__) from exc.__cause__
+        cut = [i for i in range(len(sample)) if names[i] == exc.where and len(check[i]) < len(sample[i])]
+        if cut and exc.__cause__ is not None:
+            raise long_docs.EncodeError(exc.where, len(sample[cut[0]]), exc.__cause__) from exc.__cause__
         raise
     bad = [i for i, (a, b) in enumerate(zip(want, got)) if a != b]
     if bad:

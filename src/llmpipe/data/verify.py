@@ -24,13 +24,12 @@ import hashlib
 import json
 import logging
 import os
-import struct
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from llmpipe.data import mixture
+from llmpipe.data import mixture, stfile
 from llmpipe.data.get_data import load_sources
 from llmpipe.data.pack import IGNORE_INDEX, Layout, order
 from llmpipe.data.readers import ReadStats, documents
@@ -76,13 +75,10 @@ def _first_diff(got: np.ndarray, want: np.ndarray) -> tuple[int, ...]:
 
 def _st_header(path: Path) -> tuple[dict, int]:
     """(safetensors header, byte where the tensor data starts)."""
-    with open(path, "rb") as fh:
-        head = fh.read(8)
-        if len(head) != 8:
-            raise VerifyError(f"{path}: not a safetensors file")
-        (n,) = struct.unpack("<Q", head)
-        header = json.loads(fh.read(n))
-    return header, 8 + n
+    try:
+        return stfile.header(path)
+    except ValueError as exc:
+        raise VerifyError(str(exc)) from None
 
 
 class _Shard:
