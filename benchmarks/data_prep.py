@@ -224,10 +224,11 @@ def _texts(corpus: str) -> list[str]:
         return [orjson.loads(line)["text"] for line in fh]
 
 
-def worker_alone(corpus: str, which: str) -> dict:
+def worker_alone(corpus: str, which: str, copies: int = 1) -> dict:
     """The encoder alone, text already in memory, in 2 forked processes of 1 thread (as our 2 tokenize jobs
-    run): tiktoken's encode_ordinary, or HF's encode_batch_fast (the calls our two paths make)."""
-    secs, tokens, cpu = two_processes(_texts(corpus), _tiktoken_count if which == "tiktoken" else _hf_count)
+    run): tiktoken's encode_ordinary, or HF's encode_batch_fast (the calls our two paths make); with
+    `copies`, each process encodes its half that many times (the text of a corpus `copies` times as large)."""
+    secs, tokens, cpu = two_processes(_texts(corpus), _tiktoken_count if which == "tiktoken" else _hf_count, copies)
     return {"tokens": tokens, "alone_s": secs, "alone_cpu": cpu}
 
 
@@ -266,15 +267,16 @@ def _tiktoken_count(texts: list[str]) -> int:
     return sum(len(enc.encode_ordinary(t)) for t in texts)
 
 
-def two_processes(texts: list[str], count) -> tuple[float, int, float]:
-    """(wall s, tokens, CPU s) of count(half the texts) in each of 2 forked processes, text already in memory."""
+def two_processes(texts: list[str], count, copies: int = 1) -> tuple[float, int, float]:
+    """(wall s, tokens, CPU s) of count(half the texts), `copies` times, in each of 2 forked processes, text
+    already in memory."""
     before = _children_cpu()
     start, children = time.perf_counter(), []
     for part in range(2):
         read, write = os.pipe()
         pid = os.fork()
         if pid == 0:
-            os.write(write, str(count(texts[part::2])).encode())
+            os.write(write, str(sum(count(texts[part::2]) for _ in range(copies))).encode())
             os._exit(0)
         os.close(write)
         children.append((pid, read))
@@ -299,7 +301,7 @@ def worker(args) -> None:
         elif args.worker == "encode":
             out = worker_encode(args.corpus, work)
         elif args.worker.startswith("alone-"):
-            out = worker_alone(args.corpus, args.worker.split("-")[1])
+            out = worker_alone(args.corpus, args.worker.split("-")[1], args.copies)
         else:
             out = worker_ours(args.corpus, work, args.worker.split("-")[1], args.records, args.copies)
     finally:
@@ -332,6 +334,20 @@ def paired(runs: dict[str, list[dict]], ours: str, alone: str) -> str:
     cpu = sorted(a["alone_cpu"] / o["cpu"] * o["tokens"] / a["tokens"] for o, a in zip(runs[ours], runs[alone]))
     each = ", ".join(f"{x:.0%}" for x in wall)
     return f"{wall[len(wall) // 2]:.0%} (rounds: {each}); by CPU seconds {cpu[len(cpu) // 2]:.0%}"
+
+
+def at_scale(runs: dict[str, list[dict]], n: int) -> str:
+    """Ours at xN over the encoder alone at xN (paired per round), and what separates the two: the time
+    the (N-1) extra copies add to each (the marginal throughput) and ours' cost that does not grow with the
+    corpus (x1 minus one copy's share of the growth), medians over the rounds."""
+    rounds = list(zip(runs["ours"], runs["scaled"], runs["tiktoken"], runs["tiktoken-scaled"]))
+    margin = sorted((a_n["alone_s"] - a_1["alone_s"]) / (o_n["wall"] - o_1["wall"]) for o_1, o_n, a_1, a_n in rounds)
+    fixed = sorted(o_1["wall"] - (o_n["wall"] - o_1["wall"]) / (n - 1) for o_1, o_n, _, _ in rounds)
+    return (
+        f"    llmpipe x{n} end to end over tiktoken alone x{n}: {paired(runs, 'scaled', 'tiktoken-scaled')}"
+        f"\n    the {n - 1} extra copies: llmpipe at {margin[len(margin) // 2]:.0%} of the encoder alone's throughput; "
+        f"cost that does not grow with the corpus: {fixed[len(fixed) // 2]:.1f} s"
+    )
 
 
 def row(name: str, r: dict, base: dict | None) -> str:
@@ -378,10 +394,11 @@ def main() -> None:
             cmds |= {"hf-alone": run + ["--worker", "alone-hf"], "encode": run + ["--worker", "encode"]}
             if args.scale > 1:
                 cmds["scaled"] = run + ["--worker", "ours-auto", "--copies", str(args.scale)]
+                cmds["tiktoken-scaled"] = run + ["--worker", "alone-tiktoken", "--copies", str(args.scale)]
         else:
             cmds["half"] = run + ["--worker", "ours-auto", "--records", "148"]
         if args.only_scale and args.scale > 1 and name == "chunks":
-            r, _ = median_runs({k: cmds[k] for k in ("ours", "scaled")}, args.repeat)
+            r, runs = median_runs({k: cmds[k] for k in ("ours", "tiktoken", "scaled", "tiktoken-scaled")}, args.repeat)
             ours, big = r["ours"], r["scaled"]
             print(row("llmpipe x1", ours, None), "\n" + row(f"llmpipe x{args.scale}", big, None))
             print(
@@ -389,6 +406,7 @@ def main() -> None:
                 f"peak RSS {big['rss'] / ours['rss']:.2f}x; peak anonymous memory (RssAnon, without mapped file pages) "
                 f"{ours['anon'] / 2**30:.2f} -> {big['anon'] / 2**30:.2f} GB, {big['anon'] / ours['anon']:.2f}x"
             )
+            print(at_scale(runs, args.scale))
             continue
         if args.paths_only:
             cmds = {k: v for k, v in cmds.items() if k not in ("recipe", "encode")}
@@ -412,6 +430,7 @@ def main() -> None:
                     f"peak RSS {big['rss'] / ours['rss']:.2f}x; peak anonymous memory (RssAnon, without mapped file "
                     f"pages) {ours['anon'] / 2**30:.2f} -> {big['anon'] / 2**30:.2f} GB, {big['anon'] / ours['anon']:.2f}x",
                 )
+                print(at_scale(runs, args.scale))
             print(
                 f"{'HF encode_batch_fast alone, 2 procs':<34} {hfa['alone_s']:7.1f} s {hfa['tokens'] / hfa['alone_s'] / 1e6:6.2f} M tok/s"
                 f"\n    llmpipe HF path end to end over it: {paired(runs, 'hf', 'hf-alone')} (target 95 %)"
