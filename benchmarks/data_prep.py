@@ -336,16 +336,27 @@ def paired(runs: dict[str, list[dict]], ours: str, alone: str) -> str:
     return f"{wall[len(wall) // 2]:.0%} (rounds: {each}); by CPU seconds {cpu[len(cpu) // 2]:.0%}"
 
 
-def at_scale(runs: dict[str, list[dict]], n: int) -> str:
-    """Ours at xN over the encoder alone at xN (paired per round), and what separates the two: the time
-    the (N-1) extra copies add to each (the marginal throughput) and ours' cost that does not grow with the
-    corpus (x1 minus one copy's share of the growth), medians over the rounds."""
+def at_scale(r: dict[str, dict], runs: dict[str, list[dict]], n: int) -> str:
+    """Ours at xN against x1 (time, tokens, memory) and against the encoder alone at xN (paired per round),
+    and what separates the two: the throughput of the N-1 extra copies over the encoder's (the time they
+    add to each) and our cost that does not grow with the corpus (x1 minus one copy's share of the
+    growth), medians over the rounds."""
+    ours, big = r["ours"], r["scaled"]
     rounds = list(zip(runs["ours"], runs["scaled"], runs["tiktoken"], runs["tiktoken-scaled"]))
-    margin = sorted((a_n["alone_s"] - a_1["alone_s"]) / (o_n["wall"] - o_1["wall"]) for o_1, o_n, a_1, a_n in rounds)
+    margin = sorted(
+        (a_n["alone_s"] - a_1["alone_s"])
+        / (o_n["wall"] - o_1["wall"])
+        * (o_n["tokens"] - o_1["tokens"])
+        / (a_n["tokens"] - a_1["tokens"])
+        for o_1, o_n, a_1, a_n in rounds
+    )
     fixed = sorted(o_1["wall"] - (o_n["wall"] - o_1["wall"]) / (n - 1) for o_1, o_n, _, _ in rounds)
     return (
-        f"    llmpipe x{n} end to end over tiktoken alone x{n}: {paired(runs, 'scaled', 'tiktoken-scaled')}"
-        f"\n    the {n - 1} extra copies: llmpipe at {margin[len(margin) // 2]:.0%} of the encoder alone's throughput; "
+        f"    x{n} vs x1: time {big['wall'] / ours['wall']:.2f}x, tokens {big['tokens'] / ours['tokens']:.2f}x, "
+        f"peak RSS {big['rss'] / ours['rss']:.2f}x; peak anonymous memory (RssAnon, without mapped file pages) "
+        f"{ours['anon'] / 2**30:.2f} -> {big['anon'] / 2**30:.2f} GB, {big['anon'] / ours['anon']:.2f}x"
+        f"\n    llmpipe x{n} end to end over tiktoken alone x{n}: {paired(runs, 'scaled', 'tiktoken-scaled')}"
+        f"\n    the {n - 1} extra cop{'y' if n == 2 else 'ies'}: llmpipe at {margin[len(margin) // 2]:.0%} of the encoder alone's throughput; "
         f"cost that does not grow with the corpus: {fixed[len(fixed) // 2]:.1f} s"
     )
 
@@ -399,14 +410,8 @@ def main() -> None:
             cmds["half"] = run + ["--worker", "ours-auto", "--records", "148"]
         if args.only_scale and args.scale > 1 and name == "chunks":
             r, runs = median_runs({k: cmds[k] for k in ("ours", "tiktoken", "scaled", "tiktoken-scaled")}, args.repeat)
-            ours, big = r["ours"], r["scaled"]
-            print(row("llmpipe x1", ours, None), "\n" + row(f"llmpipe x{args.scale}", big, None))
-            print(
-                f"x{args.scale} vs x1: time {big['wall'] / ours['wall']:.2f}x, tokens {big['tokens'] / ours['tokens']:.2f}x, "
-                f"peak RSS {big['rss'] / ours['rss']:.2f}x; peak anonymous memory (RssAnon, without mapped file pages) "
-                f"{ours['anon'] / 2**30:.2f} -> {big['anon'] / 2**30:.2f} GB, {big['anon'] / ours['anon']:.2f}x"
-            )
-            print(at_scale(runs, args.scale))
+            print(row("llmpipe x1", r["ours"], None), "\n" + row(f"llmpipe x{args.scale}", r["scaled"], None))
+            print(at_scale(r, runs, args.scale))
             continue
         if args.paths_only:
             cmds = {k: v for k, v in cmds.items() if k not in ("recipe", "encode")}
@@ -416,21 +421,15 @@ def main() -> None:
             print(row("seeds' recipe", base, None) + "baseline")
         print(row(f"llmpipe ({'+'.join(r['ours']['encoders'])})", r["ours"], base))
         if name == "chunks":
-            hf, enc, ours, tik, hfa = r["hf"], r.get("encode"), r["ours"], r["tiktoken"], r["hf-alone"]
+            hf, enc, tik, hfa = r["hf"], r.get("encode"), r["tiktoken"], r["hf-alone"]
             print(
                 f"{'tiktoken alone, 2 procs':<34} {tik['alone_s']:7.1f} s {tik['tokens'] / tik['alone_s'] / 1e6:6.2f} M tok/s"
                 f"\n    llmpipe tiktoken path end to end over it: {paired(runs, 'ours', 'tiktoken')} (target 80 %)"
             )
             print(row("llmpipe (HF tokenizer only)", hf, base))
             if "scaled" in r:
-                big = r["scaled"]
-                print(
-                    row(f"llmpipe, corpus x{args.scale}", big, base),
-                    f"\n    x{args.scale} vs x1: time {big['wall'] / ours['wall']:.2f}x, tokens {big['tokens'] / ours['tokens']:.2f}x, "
-                    f"peak RSS {big['rss'] / ours['rss']:.2f}x; peak anonymous memory (RssAnon, without mapped file "
-                    f"pages) {ours['anon'] / 2**30:.2f} -> {big['anon'] / 2**30:.2f} GB, {big['anon'] / ours['anon']:.2f}x",
-                )
-                print(at_scale(runs, args.scale))
+                print(row(f"llmpipe, corpus x{args.scale}", r["scaled"], base))
+                print(at_scale(r, runs, args.scale))
             print(
                 f"{'HF encode_batch_fast alone, 2 procs':<34} {hfa['alone_s']:7.1f} s {hfa['tokens'] / hfa['alone_s'] / 1e6:6.2f} M tok/s"
                 f"\n    llmpipe HF path end to end over it: {paired(runs, 'hf', 'hf-alone')} (target 95 %)"

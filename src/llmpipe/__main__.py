@@ -57,7 +57,8 @@ def fail_once(command: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    # a core step needs no backend discovery (entry points: ~0.05 s of every job's start-up)
+    # a core step needs no backend commands: skips an entry-point scan and the backends' imports (~0.035 s for
+    # token-store; ~0.01 s where the config check's schema stamp discovers the backends anyway)
     table = CORE_COMMANDS if argv and argv[0] in CORE_COMMANDS else commands()
     if argv and argv[0] in RENAMED:
         sys.exit(f"llmpipe {argv[0]}: renamed to `llmpipe {RENAMED[argv[0]]}` (backend commands are <backend>-<step>)")

@@ -71,7 +71,7 @@ def _is_number(checker, value) -> bool:
 
 @functools.cache
 def _validator():
-    """The schema's validator (jsonschema imported here: ~0.15 s a process, which a cached check skips)."""
+    """The schema's validator (jsonschema imported here: ~0.06 s a process, which a cached check skips)."""
     import jsonschema
 
     cls = jsonschema.validators.extend(
@@ -82,9 +82,10 @@ def _validator():
 
 
 # ---------------------------------------------------------------- a cache of schema checks
-# Every job validates its slice of the config; importing jsonschema and parsing the schema cost ~0.25 s
-# of a job's start-up. A config that passed is kept, defaults filled, under the sha256 of its text and of
-# the schema files, so the same config under the same schema is checked once per machine (per cache dir).
+# Every job validates its slice of the config: ~0.14 s of a job's start-up, ~0.07 s on a cache hit (no
+# jsonschema import, no schema walk). A config that passed is kept, defaults filled, under the sha256 of
+# its text and of the schema files, so the same config under the same schema is checked once per machine
+# (per cache dir).
 CACHE_ENV = "LLMPIPE_CONFIG_CACHE"  # a folder; "off" (or "0") disables the cache
 
 

@@ -382,7 +382,7 @@ def make_encoder(
             raise ValueError(f"tokenizer.backend is 'tiktoken' but {path} cannot use it: {exc}") from None
         log.warning("tiktoken backend not usable (%s): using the HF tokenizer", exc)
         return hf
-    head = max(SAMPLE_HEAD_CHARS, SAMPLE_CHARS // max(len(sample), 1))  # the HF side of the check costs ~1 s per MB
+    head = max(SAMPLE_HEAD_CHARS, SAMPLE_CHARS // max(len(sample), 1))  # the HF side of the check costs ~0.4 s per MiB
     head = min(head, long_docs.LONG_DOC_CHARS)  # never a long document (those are encoded, and counted, piecewise)
     check = [t[:head] for t in sample] + PROBES
     names = [long_docs.name(where, i) for i in range(len(sample))] + [f"tokenizer probe {j}" for j in range(len(PROBES))]
