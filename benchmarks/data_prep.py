@@ -10,6 +10,8 @@ get-data and tokenizer at once (a local tokenizer does not need sources.json), t
 jobs at once, 1 thread each), token-store, pack hf. Each variant runs in its own process tree, the
 variants taking turns; peak RSS is the largest sum over that tree, sampled every 50 ms. Prints wall s,
 tokens/s, peak RSS, the ratios, our time per stage, and the HF tokenizer alone on text in memory.
+For chunks it also times the floor of any 2-job tokenize step (worker_floor) and what our paths could
+reach with a tokenize step at that floor (floor()).
 """
 
 from __future__ import annotations
@@ -147,6 +149,7 @@ def worker_ours(corpus: str, work: Path, backend: str, records: int | None, copi
     os.environ[CONFIG_CACHE] = str(work / "config-cache")  # empty: each run pays the first run's config checks
     store = work / "tokens"
     stages, cpu, last = {}, {}, [time.perf_counter(), _children_cpu()]
+    began = list(last)
 
     def lap(name):  # wall and CPU seconds of the stage's processes
         now, used = time.perf_counter(), _children_cpu()
@@ -212,7 +215,10 @@ def worker_ours(corpus: str, work: Path, backend: str, records: int | None, copi
     manifest = json.loads((store / "manifest.json").read_text())
     encoders = sorted({s["encoder"] for s in manifest["shards"]})
     tokens = sum(manifest["totals"][s]["tokens"] for s in ("train", "val"))
-    return {"tokens": tokens, "encoders": encoders, "stages": stages, "stages_cpu": cpu}
+    # the pipeline alone, first stage to last (as the encoder alone is timed): without this worker's start and
+    # the removal of its outputs afterwards (~0.1 s at x1, growing with the corpus)
+    pipeline = {"pipeline_s": last[0] - began[0], "pipeline_cpu": last[1] - began[1]}
+    return {"tokens": tokens, "encoders": encoders, "stages": stages, "stages_cpu": cpu, **pipeline}
 
 
 def _texts(corpus: str) -> list[str]:
@@ -230,6 +236,49 @@ def worker_alone(corpus: str, which: str, copies: int = 1) -> dict:
     `copies`, each process encodes its half that many times (the text of a corpus `copies` times as large)."""
     secs, tokens, cpu = two_processes(_texts(corpus), _tiktoken_count if which == "tiktoken" else _hf_count, copies)
     return {"tokens": tokens, "alone_s": secs, "alone_cpu": cpu}
+
+
+def worker_floor(corpus: str, which: str, work: Path) -> dict:
+    """The floor of any 2-job tokenize step: 2 fresh processes at once, each reading every other record of
+    the corpus, encoding it with the encoder alone's call, and writing the ids (+ EOS) as uint16 to a
+    file; no config, no checks, no store, no views. What is left between it and the encoder alone is what
+    any pipeline of separate steps pays: process start, imports, loading the encoder, reading, writing."""
+    me = [sys.executable, __file__, "--corpus", corpus, "--worker", f"part-{which}"]
+    before, start = _children_cpu(), time.perf_counter()
+    jobs = [subprocess.Popen(me + ["--part", str(i), "--out", str(work / f"{i}.bin")], stdout=subprocess.PIPE) for i in range(2)]
+    outs = [j.communicate()[0] for j in jobs]
+    if any(j.returncode for j in jobs):
+        raise SystemExit(f"floor ({which}): a part failed")
+    tokens = sum(map(int, outs))
+    return {"tokens": tokens, "floor_s": time.perf_counter() - start, "floor_cpu": _children_cpu() - before}
+
+
+def floor_part(corpus: str, which: str, part: int, out: str) -> int:
+    """One process of worker_floor: its half of the records, encoded and written; prints the token count."""
+    from struct import pack
+
+    import orjson
+    from isal import igzip
+
+    if which == "tiktoken":
+        from llmpipe.data.tokenizer import _file_key, _tiktoken_core
+
+        enc = _tiktoken_core(_file_key(GPT2))[0]
+        encode = lambda texts: [enc.encode_ordinary(t) for t in texts]  # noqa: E731
+    else:
+        os.environ["RAYON_NUM_THREADS"] = "1"
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(GPT2 / "tokenizer.json"))
+        encode = lambda texts: [e.ids for e in tok.encode_batch_fast(texts, add_special_tokens=False)]  # noqa: E731
+    eos, tokens = [50256], 0  # GPT-2's <|endoftext|>, as our tokenize appends
+    with igzip.open(corpus, "rb") as fh, open(out, "wb") as w:
+        lines = (line for i, line in enumerate(fh) if i % 2 == part)
+        while batch := [orjson.loads(line)["text"] for _, line in zip(range(256), lines)]:
+            for ids in encode(batch):
+                tokens += len(ids) + 1
+                w.write(pack(f"<{len(ids) + 1}H", *ids, *eos))
+    return tokens
 
 
 def worker_encode(corpus: str, work: Path) -> dict:
@@ -300,6 +349,10 @@ def worker(args) -> None:
             out = worker_recipe(args.corpus, work)
         elif args.worker == "encode":
             out = worker_encode(args.corpus, work)
+        elif args.worker.startswith("part-"):
+            return print(floor_part(args.corpus, args.worker.split("-")[1], args.part, args.out))
+        elif args.worker.startswith("floor-"):
+            out = worker_floor(args.corpus, args.worker.split("-")[1], work)
         elif args.worker.startswith("alone-"):
             out = worker_alone(args.corpus, args.worker.split("-")[1], args.copies)
         else:
@@ -330,10 +383,27 @@ def paired(runs: dict[str, list[dict]], ours: str, alone: str) -> str:
     """Throughput of `ours` over the encoder alone, per round (the two measured one after the other, so a
     drift in the machine's speed between rounds cancels out): the median and every round's, by wall time
     and by CPU seconds."""
-    wall = sorted(a["alone_s"] / o["wall"] * o["tokens"] / a["tokens"] for o, a in zip(runs[ours], runs[alone]))
-    cpu = sorted(a["alone_cpu"] / o["cpu"] * o["tokens"] / a["tokens"] for o, a in zip(runs[ours], runs[alone]))
+    wall = sorted(a["alone_s"] / o["pipeline_s"] * o["tokens"] / a["tokens"] for o, a in zip(runs[ours], runs[alone]))
+    cpu = sorted(a["alone_cpu"] / o["pipeline_cpu"] * o["tokens"] / a["tokens"] for o, a in zip(runs[ours], runs[alone]))
     each = ", ".join(f"{x:.0%}" for x in wall)
     return f"{wall[len(wall) // 2]:.0%} (rounds: {each}); by CPU seconds {cpu[len(cpu) // 2]:.0%}"
+
+
+def floor(runs: dict[str, list[dict]], name: str, ours: str, alone: str) -> str:
+    """The floor (worker_floor) over the encoder alone, and the best our path could reach with a tokenize
+    step at that floor and its other stages as measured (get-data + tokenizer, token-store, pack), per
+    round as in paired."""
+    rounds = list(zip(runs[name], runs[ours], runs[alone]))
+    alone_tps = [a["alone_s"] / a["tokens"] for _, _, a in rounds]
+    bare = sorted(t * f["tokens"] / f["floor_s"] for (f, _, _), t in zip(rounds, alone_tps))
+    rest = [o["pipeline_s"] - o["stages"]["tokenize"] for _, o, _ in rounds]
+    best = sorted(t * o["tokens"] / (f["floor_s"] + r) for (f, o, _), t, r in zip(rounds, alone_tps, rest))
+    mid = len(bare) // 2
+    return (
+        f"    floor of a 2-job tokenize step (fresh processes: read, encode, write ids; no checks, no store, no views): "
+        f"{bare[mid]:.0%} of the encoder alone\n    that floor + our other stages as measured "
+        f"({sorted(rest)[mid]:.2f} s): {best[mid]:.0%}, the most a faster tokenize step could give"
+    )
 
 
 def at_scale(r: dict[str, dict], runs: dict[str, list[dict]], n: int) -> str:
@@ -345,14 +415,14 @@ def at_scale(r: dict[str, dict], runs: dict[str, list[dict]], n: int) -> str:
     rounds = list(zip(runs["ours"], runs["scaled"], runs["tiktoken"], runs["tiktoken-scaled"]))
     margin = sorted(
         (a_n["alone_s"] - a_1["alone_s"])
-        / (o_n["wall"] - o_1["wall"])
+        / (o_n["pipeline_s"] - o_1["pipeline_s"])
         * (o_n["tokens"] - o_1["tokens"])
         / (a_n["tokens"] - a_1["tokens"])
         for o_1, o_n, a_1, a_n in rounds
     )
-    fixed = sorted(o_1["wall"] - (o_n["wall"] - o_1["wall"]) / (n - 1) for o_1, o_n, _, _ in rounds)
+    fixed = sorted(o_1["pipeline_s"] - (o_n["pipeline_s"] - o_1["pipeline_s"]) / (n - 1) for o_1, o_n, _, _ in rounds)
     return (
-        f"    x{n} vs x1: time {big['wall'] / ours['wall']:.2f}x, tokens {big['tokens'] / ours['tokens']:.2f}x, "
+        f"    x{n} vs x1: time {big['pipeline_s'] / ours['pipeline_s']:.2f}x, tokens {big['tokens'] / ours['tokens']:.2f}x, "
         f"peak RSS {big['rss'] / ours['rss']:.2f}x; peak anonymous memory (RssAnon, without mapped file pages) "
         f"{ours['anon'] / 2**30:.2f} -> {big['anon'] / 2**30:.2f} GB, {big['anon'] / ours['anon']:.2f}x"
         f"\n    llmpipe x{n} end to end over tiktoken alone x{n}: {paired(runs, 'scaled', 'tiktoken-scaled')}"
@@ -366,7 +436,9 @@ def row(name: str, r: dict, base: dict | None) -> str:
     ratio = f"{base['wall'] / r['wall']:5.2f}x faster, RSS {r['rss'] / base['rss']:.2f}x" if base else ""
     stages = ""
     if "stages" in r:
-        stages = "\n    stages, wall (CPU) s: " + ", ".join(f"{k} {v} ({r['stages_cpu'][k]})" for k, v in r["stages"].items())
+        stages = f"\n    pipeline {r['pipeline_s']:.2f} s; stages, wall (CPU) s: " + ", ".join(
+            f"{k} {v} ({r['stages_cpu'][k]})" for k, v in r["stages"].items()
+        )
     return f"{name:<34} {r['wall']:7.1f} s {speed / 1e6:6.2f} M tok/s {r['rss'] / 2**30:6.2f} GB   {ratio}{stages}"
 
 
@@ -380,6 +452,8 @@ def main() -> None:
     p.add_argument("--corpus", help=argparse.SUPPRESS)
     p.add_argument("--records", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--copies", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--part", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
     p.add_argument("--scale", type=int, default=0, help="also run ours on a corpus this many times the chunks one")
     p.add_argument("--paths-only", action="store_true", help="chunks: only our two paths and their encoders alone")
     p.add_argument("--only-scale", action="store_true", help="with --scale: only ours at x1 and xN (chunks)")
@@ -403,6 +477,7 @@ def main() -> None:
         if name == "chunks":  # each path right before its encoder alone: a ratio per round (see paired)
             cmds |= {"tiktoken": run + ["--worker", "alone-tiktoken"], "hf": run + ["--worker", "ours-hf"]}
             cmds |= {"hf-alone": run + ["--worker", "alone-hf"], "encode": run + ["--worker", "encode"]}
+            cmds |= {"floor": run + ["--worker", "floor-tiktoken"], "hf-floor": run + ["--worker", "floor-hf"]}
             if args.scale > 1:
                 cmds["scaled"] = run + ["--worker", "ours-auto", "--copies", str(args.scale)]
                 cmds["tiktoken-scaled"] = run + ["--worker", "alone-tiktoken", "--copies", str(args.scale)]
@@ -426,6 +501,7 @@ def main() -> None:
                 f"{'tiktoken alone, 2 procs':<34} {tik['alone_s']:7.1f} s {tik['tokens'] / tik['alone_s'] / 1e6:6.2f} M tok/s"
                 f"\n    llmpipe tiktoken path end to end over it: {paired(runs, 'ours', 'tiktoken')} (target 80 %)"
             )
+            print(floor(runs, "floor", "ours", "tiktoken"))
             print(row("llmpipe (HF tokenizer only)", hf, base))
             if "scaled" in r:
                 print(row(f"llmpipe, corpus x{args.scale}", r["scaled"], base))
@@ -434,13 +510,14 @@ def main() -> None:
                 f"{'HF encode_batch_fast alone, 2 procs':<34} {hfa['alone_s']:7.1f} s {hfa['tokens'] / hfa['alone_s'] / 1e6:6.2f} M tok/s"
                 f"\n    llmpipe HF path end to end over it: {paired(runs, 'hf', 'hf-alone')} (target 95 %)"
             )
+            print(floor(runs, "hf-floor", "hf", "hf-alone"))
             for key, what in (("encode_s", "HF encode_batch, 2 threads"), ("encode_fast_s", "HF encode_batch_fast, 2 threads")):
                 if enc is None:
                     break
                 limit = enc["tokens"] / enc[key]
                 print(
                     f"{what + ' alone':<34} {enc[key]:7.1f} s {limit / 1e6:6.2f} M tok/s"
-                    f"   llmpipe HF path end to end reaches {hf['tokens'] / hf['wall'] / limit:.0%} of it"
+                    f"   llmpipe HF path end to end reaches {hf['tokens'] / hf['pipeline_s'] / limit:.0%} of it"
                 )
         else:
             half = r["half"]
