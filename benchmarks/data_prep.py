@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import compileall
+import functools
 import json
 import os
 import resource
@@ -234,7 +235,7 @@ def worker_alone(corpus: str, which: str, copies: int = 1) -> dict:
     """The encoder alone, text already in memory, in 2 forked processes of 1 thread (as our 2 tokenize jobs
     run): tiktoken's encode_ordinary, or HF's encode_batch_fast (the calls our two paths make); with
     `copies`, each process encodes its half that many times (the text of a corpus `copies` times as large)."""
-    secs, tokens, cpu = two_processes(_texts(corpus), _tiktoken_count if which == "tiktoken" else _hf_count, copies)
+    secs, tokens, cpu = two_processes(_texts(corpus), functools.partial(_count, which), copies)
     return {"tokens": tokens, "alone_s": secs, "alone_cpu": cpu}
 
 
@@ -254,27 +255,17 @@ def worker_floor(corpus: str, which: str, work: Path) -> dict:
 
 
 def floor_part(corpus: str, which: str, part: int, out: str) -> int:
-    """One process of worker_floor: its half of the records, encoded and written; prints the token count."""
+    """One process of worker_floor: its half of the records, encoded and written; returns the token count."""
     from struct import pack
 
     import orjson
     from isal import igzip
 
-    if which == "tiktoken":
-        from llmpipe.data.tokenizer import _file_key, _tiktoken_core
-
-        enc = _tiktoken_core(_file_key(GPT2))[0]
-        encode = lambda texts: [enc.encode_ordinary(t) for t in texts]  # noqa: E731
-    else:
-        os.environ["RAYON_NUM_THREADS"] = "1"
-        from tokenizers import Tokenizer
-
-        tok = Tokenizer.from_file(str(GPT2 / "tokenizer.json"))
-        encode = lambda texts: [e.ids for e in tok.encode_batch_fast(texts, add_special_tokens=False)]  # noqa: E731
+    encode = _encoder(which)
     eos, tokens = [50256], 0  # GPT-2's <|endoftext|>, as our tokenize appends
     with igzip.open(corpus, "rb") as fh, open(out, "wb") as w:
         lines = (line for i, line in enumerate(fh) if i % 2 == part)
-        while batch := [orjson.loads(line)["text"] for _, line in zip(range(256), lines)]:
+        while batch := [orjson.loads(line)["text"] for _, line in zip(range(BATCH), lines)]:
             for ids in encode(batch):
                 tokens += len(ids) + 1
                 w.write(pack(f"<{len(ids) + 1}H", *ids, *eos))
@@ -296,24 +287,29 @@ def worker_encode(corpus: str, work: Path) -> dict:
     return {"tokens": tokens, "encode_s": mid - start, "encode_fast_s": time.perf_counter() - mid}
 
 
-def _hf_count(texts: list[str]) -> int:
-    """The HF tokenizer alone, encode_batch_fast (the call our HF path makes) in batches of 256, 1 thread."""
+BATCH = 256  # texts per encoder call where the call takes a batch (HF), as our HF path batches
+
+
+def _encoder(which: str):
+    """The encoder alone, 1 thread, as a call from texts to their id lists: tiktoken's encode_ordinary per
+    text over GPT-2's ranks (built as llmpipe builds them), or HF's encode_batch_fast (the calls our two
+    paths make)."""
+    if which == "tiktoken":
+        from llmpipe.data.tokenizer import _file_key, _tiktoken_core
+
+        enc = _tiktoken_core(_file_key(GPT2))[0]
+        return lambda texts: [enc.encode_ordinary(t) for t in texts]
     os.environ["RAYON_NUM_THREADS"] = "1"
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(GPT2 / "tokenizer.json"))
-    return sum(
-        len(e.ids) for i in range(0, len(texts), 256) for e in tok.encode_batch_fast(texts[i : i + 256], add_special_tokens=False)
-    )
+    return lambda texts: [e.ids for e in tok.encode_batch_fast(texts, add_special_tokens=False)]
 
 
-def _tiktoken_count(texts: list[str]) -> int:
-    """tiktoken alone over GPT-2's ranks (built as llmpipe builds them), encode_ordinary per text: the raw
-    encoder, 1 thread."""
-    from llmpipe.data.tokenizer import _file_key, _tiktoken_core
-
-    enc = _tiktoken_core(_file_key(GPT2))[0]
-    return sum(len(enc.encode_ordinary(t)) for t in texts)
+def _count(which: str, texts: list[str]) -> int:
+    """Tokens of the texts by the encoder alone, in batches of BATCH."""
+    encode = _encoder(which)
+    return sum(len(ids) for i in range(0, len(texts), BATCH) for ids in encode(texts[i : i + BATCH]))
 
 
 def two_processes(texts: list[str], count, copies: int = 1) -> tuple[float, int, float]:
