@@ -298,7 +298,7 @@ def _encoder(which: str):
         from llmpipe.data.tokenizer import _file_key, _tiktoken_core
 
         enc = _tiktoken_core(_file_key(GPT2))[0]
-        return lambda texts: [enc.encode_ordinary(t) for t in texts]
+        return lambda texts: (enc.encode_ordinary(t) for t in texts)  # lazy: each id list freed once used
     os.environ["RAYON_NUM_THREADS"] = "1"
     from tokenizers import Tokenizer
 
