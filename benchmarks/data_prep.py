@@ -293,17 +293,17 @@ BATCH = 256  # texts per encoder call where the call takes a batch (HF), as our 
 def _encoder(which: str):
     """The encoder alone, 1 thread, as a call from texts to their id lists: tiktoken's encode_ordinary per
     text over GPT-2's ranks (built as llmpipe builds them), or HF's encode_batch_fast (the calls our two
-    paths make)."""
+    paths make). Lazy: each id list is made when it is taken and freed once used, as a raw encode is."""
     if which == "tiktoken":
         from llmpipe.data.tokenizer import _file_key, _tiktoken_core
 
         enc = _tiktoken_core(_file_key(GPT2))[0]
-        return lambda texts: (enc.encode_ordinary(t) for t in texts)  # lazy: each id list freed once used
+        return lambda texts: (enc.encode_ordinary(t) for t in texts)
     os.environ["RAYON_NUM_THREADS"] = "1"
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(GPT2 / "tokenizer.json"))
-    return lambda texts: [e.ids for e in tok.encode_batch_fast(texts, add_special_tokens=False)]
+    return lambda texts: (e.ids for e in tok.encode_batch_fast(texts, add_special_tokens=False))
 
 
 def _count(which: str, texts: list[str]) -> int:
