@@ -30,6 +30,8 @@ class Backend:
     rules: str | Path | None = None  # rules file; None = rules/train_<name>.smk of this checkout
     env: str | None = None  # conda env file the rules use (envs/<name>.yaml)
     setup: str | None = None  # script that builds its side environment (.venvs/<name>)
+    env_requires: tuple[str, ...] = ()  # what its interpreter (config <name>.python) must have (llmpipe doctor)
+    env_tools: tuple[str, ...] = ()  # commands beside that interpreter or on PATH (llmpipe doctor)
     section_schema: str | Path | None = None  # JSON schema (YAML) of config section <name>; None = no section
     checks: Callable[[dict], list[str]] | None = None  # config -> problems, each naming its keys
     parallel_defaults: Callable[[dict], dict] | None = None  # config -> its values for parallel.* left null

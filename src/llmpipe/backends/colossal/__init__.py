@@ -23,6 +23,13 @@ BACKEND = Backend(
     commands={"colossal-train": "llmpipe.backends.colossal.train"},
     env="envs/colossal.yaml",
     setup="scripts/setup-env-colossal.sh",
+    env_requires=(
+        "colossalai==0.5.0",
+        "transformers==4.51.3",
+        "tokenizers==0.21.4",
+        "datasets==4.4.1",
+        "torch",
+    ),  # as envs/ and scripts/setup-env-colossal.sh pin them
     section_schema=Path(__file__).with_name("schema.yaml"),
     checks=_checks,
     parallel_defaults=_parallel_defaults,

@@ -34,6 +34,13 @@ BACKEND = Backend(
     commands={f"levanter-{step}": f"llmpipe.backends.levanter.{step}" for step in ("cache", "config", "train")},
     env="envs/levanter.yaml",
     setup="scripts/setup-env-levanter.sh",
+    env_requires=(
+        "marin-levanter==0.2.20.dev202606180959",
+        "jax==0.10.2",
+        "jaxlib==0.10.2",
+        "jsonschema",
+        "orjson",
+    ),  # as envs/ and scripts/setup-env-levanter.sh pin them
     section_schema=Path(__file__).with_name("schema.yaml"),
     checks=_checks,
     parallel_defaults=lambda cfg: {"zero": 3},  # FSDP over the data axis; nproc_per_node null: every device

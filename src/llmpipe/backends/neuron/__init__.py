@@ -34,6 +34,13 @@ BACKEND = Backend(
     },
     env="envs/torch.yaml",
     setup="scripts/setup-env-neuron.sh",
+    env_requires=(
+        "neuronx-distributed==0.18.*",
+        "torch-neuronx",
+        "neuronx-cc==2.*",
+        "transformers==4.48.0",
+    ),  # as envs/ and scripts/setup-env-neuron.sh pin them
+    env_tools=("neuron_parallel_compile",),
     section_schema=Path(__file__).with_name("schema.yaml"),
     checks=_checks,
     parallel_defaults=_parallel_defaults,

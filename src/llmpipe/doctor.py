@@ -1,0 +1,320 @@
+"""llmpipe doctor: before anything is submitted, what a profile's jobs will need on this host and cluster.
+
+  llmpipe doctor --profile gpu-colossal [--configfile my.yaml] [--config train='{lr: 1e-4}']
+
+One line per problem, each naming its fix; exit 1 if any. Checked:
+- environments: the main one (llmpipe's declared requirements, at their versions) and the training
+  backend's own interpreter (`<backend>.python`: present, its packages at the backend's pins, its tools);
+- the executor: Slurm's commands, the partitions and accounts named in `resources:`, GPUs in a partition
+  when a rule asks for them;
+- accelerators where the training rule runs on this host (local executor): CUDA, Neuron devices, TPU;
+- credentials for the sources and sinks the config names (S3, the Hub, a SageMaker role), never printed;
+- free disk for the run's outputs (the plan's token and parameter counts; a quick bound from the
+  sources' sizes when `quick`, as before a non-dry run).
+
+A non-dry `snakemake` runs the same checks (quick) before its first job (Snakefile `onstart`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata as md
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import yaml
+from packaging.requirements import Requirement
+
+from llmpipe import backends, overrides, profiles
+from llmpipe.config import ConfigError, validate
+
+GIB = 2**30
+REPO = profiles.REPO
+SETUP_MAIN = "pip install -c requirements.lock -e ."
+EXAMPLE_ROLE = "arn:aws:iam::123456789012:role/SageMakerExecutionRole"  # profiles/sagemaker/llmpipe.yaml's
+GATED_ORGS = {"meta-llama", "google", "mistralai"}  # their models need an accepted licence and a token
+
+
+def _satisfied(req: Requirement, installed: dict[str, str | None]) -> str | None:
+    """A problem line for one requirement, or None."""
+    have = installed.get(req.name)
+    if have is None:
+        return f"{req.name} is not installed (needs {req})"
+    if req.specifier and not req.specifier.contains(have, prereleases=True):
+        return f"{req.name} {have} is installed, needs {req}"
+    return None
+
+
+def main_env() -> list[str]:
+    """pyproject.toml's requirements (this checkout's; no extras) in this interpreter, which runs every
+    job of the main environment (`python -m llmpipe`, PYTHONPATH = this checkout's src/)."""
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    out = []
+    for req in map(Requirement, declared):
+        if req.marker is not None and not req.marker.evaluate():
+            continue
+        try:
+            have = md.version(req.name)
+        except md.PackageNotFoundError:
+            have = None
+        if problem := _satisfied(req, {req.name: have}):
+            out.append(f"main environment ({sys.executable}): {problem} (fix: {SETUP_MAIN})")
+    return out
+
+
+def _interpreter(python: str) -> str | None:
+    found = shutil.which(python) if "/" not in python else (python if os.access(python, os.X_OK) else None)
+    return found
+
+
+def backend_env(cfg: dict) -> list[str]:
+    """The training backend's own interpreter: present, its pinned packages, its tools beside it."""
+    b = backends.get(cfg["train"]["backend"])
+    if not b.env_requires:
+        return []
+    key = f"{b.name}.python"
+    python = cfg[b.name]["python"]
+    fix = f"fix: {b.setup} or set {key}" if b.setup else f"fix: set {key}"
+    exe = _interpreter(python)
+    if exe is None:
+        return [f"{b.name} environment: {key} {python!r} not found ({fix})"]
+    reqs = [Requirement(r) for r in b.env_requires]
+    probe = (
+        "import importlib.metadata as m, json, sys\n"
+        "def v(n):\n    try: return m.version(n)\n    except m.PackageNotFoundError: return None\n"
+        "print(json.dumps({n: v(n) for n in sys.argv[1:]}))"
+    )
+    try:
+        done = subprocess.run([exe, "-c", probe, *[r.name for r in reqs]], capture_output=True, text=True, timeout=120)
+        installed = json.loads(done.stdout)
+    except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError):
+        return [f"{b.name} environment: {key} {python!r} does not run ({fix})"]
+    out = [f"{b.name} environment ({python}): {p} ({fix})" for r in reqs if (p := _satisfied(r, installed))]
+    for tool in b.env_tools:
+        if not (Path(exe).parent / tool).exists() and shutil.which(tool) is None:
+            out.append(f"{b.name} environment ({python}): {tool} not found beside it or on PATH ({fix})")
+    return out
+
+
+def profile_spec(profile: Path | None) -> dict:
+    """Snakemake's settings of the profile (executor, resources), {} without one."""
+    if profile is None:
+        return {}
+    spec = profile / "config.v8+.yaml"
+    return yaml.safe_load(spec.read_text()) or {} if spec.is_file() else {}
+
+
+def _named_resources(spec: dict, cfg: dict) -> list[tuple[str, dict]]:
+    """(rule or "default", resources) from the profile and the config's `resources:` section."""
+    out = [("default", spec.get("default-resources") or {})]
+    out += list((spec.get("set-resources") or {}).items())
+    out += list((cfg.get("resources") or {}).items())
+    return [(name, r) for name, r in out if isinstance(r, dict)]
+
+
+def _run(cmd: list[str]) -> str | None:
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def executor(spec: dict, cfg: dict) -> list[str]:
+    if spec.get("executor") != "slurm":
+        return []
+    status = spec.get("slurm-status-command", "sacct")
+    out = [
+        f"Slurm: {tool} not found on PATH (run from a Slurm login node, or scripts/slurm-local-start.sh for the sandbox)"
+        for tool in ("sbatch", "sinfo", status)
+        if shutil.which(tool) is None
+    ]
+    if out:
+        return out
+    named = _named_resources(spec, cfg)
+    lines = (_run(["sinfo", "-h", "-o", "%R %G"]) or "").split()
+    partitions = set(lines[0::2])
+    gres = dict(zip(lines[0::2], lines[1::2]))
+    for rule, res in named:
+        part = res.get("slurm_partition")
+        if part and part not in partitions:
+            out.append(f"Slurm: partition {part!r} ({rule}) does not exist; sinfo lists {sorted(partitions)} (fix: resources)")
+        wants_gpu = "gpu" in str(res.get("gres") or "") or res.get("gpu")
+        offered = [gres.get(part)] if part in gres else list(gres.values())
+        if wants_gpu and not any("gpu" in (g or "") for g in offered):
+            out.append(f"Slurm: {rule} asks for GPUs ({res.get('gres') or res.get('gpu')}) but no partition offers gres gpu")
+    accounts = {res["slurm_account"] for _, res in named if res.get("slurm_account")}
+    known = _run(["sacctmgr", "-nP", "show", "account", "format=Account"]) if accounts else None
+    if known is not None:
+        for acct in sorted(accounts - set(known.split())):
+            out.append(f"Slurm: account {acct!r} is not known to sacctmgr (fix: resources slurm_account)")
+    return out
+
+
+def accelerators(spec: dict, cfg: dict) -> list[str]:
+    """Only where training runs on this host (the local executor)."""
+    if spec.get("executor", "local") != "local":
+        return []
+    backend = cfg["train"]["backend"]
+    if backend == "colossal":
+        import torch
+
+        if not torch.cuda.is_available():
+            return ["accelerator: the colossal backend trains here (local executor) but torch sees no CUDA device"]
+    if backend == "neuron" and not list(Path("/dev").glob("neuron*")):
+        return ["accelerator: the neuron backend trains here (local executor) but there is no /dev/neuron*"]
+    if backend == "levanter" and cfg["levanter"].get("jax_platforms") == "tpu":
+        exe = _interpreter(cfg["levanter"]["python"])
+        found = exe and _run([exe, "-c", "import jax; print(len(jax.devices('tpu')))"])
+        if not found:
+            return ["accelerator: levanter.jax_platforms is tpu but JAX finds no TPU here (run on the TPU VM)"]
+    return []
+
+
+def credentials(cfg: dict) -> list[str]:
+    """Presence only: no value is read into a message."""
+    from llmpipe.data.mixture import paths as source_paths
+    from llmpipe.hub import is_hub_ref
+
+    out = []
+    sources = [str(s) for s in source_paths(cfg["data"]["sources"])]
+    s3 = [s for s in sources if s.startswith("s3://")]
+    sm = cfg["train"]["backend"] == "sagemaker"
+    if s3 or sm:
+        import boto3
+
+        if boto3.Session().get_credentials() is None:
+            what = s3[0] if s3 else "the SageMaker job"
+            out.append(f"credentials: no AWS credentials for {what} (fix: AWS_PROFILE, aws sso login, or an instance role)")
+    if sm and cfg["sagemaker"].get("role_arn") == EXAMPLE_ROLE:
+        out.append("credentials: sagemaker.role_arn is the example ARN (fix: your role in your --configfile)")
+    if cfg["hub"]["release"]["enabled"]:
+        from huggingface_hub import get_token
+
+        if not get_token():
+            out.append("credentials: hub.release.enabled needs a Hub token with write access (fix: HF_TOKEN or hf auth login)")
+    base = cfg["model"]["init_from"]
+    if is_hub_ref(base) and str(base).removeprefix("hf://").split("/")[0] in GATED_ORGS:
+        from huggingface_hub import get_token
+
+        if not get_token():
+            out.append(f"credentials: {base} is a gated model and no Hub token is set (fix: HF_TOKEN or hf auth login)")
+    return out
+
+
+def _local_sources(cfg: dict) -> list[str]:
+    from llmpipe.data.mixture import paths as source_paths
+    from llmpipe.data.sources import expand_sources
+
+    local = [s for s in source_paths(cfg["data"]["sources"]) if "://" not in s and not s.startswith("hf:")]
+    return [f for pattern in local for f in _expand(expand_sources, pattern)]
+
+
+def _expand(expand_sources, pattern: str) -> list[str]:
+    try:
+        return expand_sources([pattern])
+    except FileNotFoundError:
+        return []
+
+
+def sources(cfg: dict) -> list[str]:
+    """Local data.sources that match no file (rule get_data would stop on them)."""
+    from llmpipe.data.mixture import paths as source_paths
+    from llmpipe.data.sources import expand_sources
+
+    local = [s for s in source_paths(cfg["data"]["sources"]) if "://" not in s and not s.startswith("hf:")]
+    missing = [s for s in local if not _expand(expand_sources, s)]
+    return [f"data: source {s!r} matches no file here (fix: data.sources)" for s in missing]
+
+
+def _text_bytes(cfg: dict) -> int:
+    """A bound on the text of the local sources (compressed files count 4x their size)."""
+    total = 0
+    for src in _local_sources(cfg):
+        path = Path(src)
+        if path.is_file():
+            total += path.stat().st_size * (4 if path.suffix in (".gz", ".zst", ".zstd") else 1)
+    return total
+
+
+def disk_needed(cfg: dict, tokens: int | None, params: int | None) -> int:
+    """Bytes the run writes: the token store and each view (4 bytes a token), the checkpoints kept
+    (fp32 weights + AdamW's two moments: 12 bytes a parameter) and the export."""
+    views = len(cfg["data"]["views"])
+    data = (tokens or 0) * 4 * (1 + views)
+    keep = cfg["train"]["keep_checkpoints"] + 1  # + final
+    model = (params or 0) * (12 * keep + 4)
+    return data + model
+
+
+def disk(cfg: dict, quick: bool) -> list[str]:
+    results = Path(cfg["results_dir"])
+    if quick:
+        tokens, params = _text_bytes(cfg) // 2, None  # >= 2 text bytes a token
+    else:
+        from llmpipe import plan
+
+        try:
+            p = plan.build(cfg, allow_unknown_data=True)
+        except (OSError, ValueError):  # no plan (e.g. a source missing, named by sources()): the quick bound
+            p = {"data": {}, "model": {"parameters": None}}
+        tokens = (p["data"].get("tokens_per_epoch") or 0) + (p["data"].get("val_tokens") or 0)
+        tokens = tokens or _text_bytes(cfg) // 2  # tokenizer not available yet: the quick bound
+        params = p["model"]["parameters"]
+    need = disk_needed(cfg, tokens, params)
+    probe = results
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if need > free:
+        return [f"disk: the run needs about {need / GIB:.1f} GiB under {results}, {free / GIB:.1f} GiB free (fix: results_dir)"]
+    return []
+
+
+def problems(cfg: dict, spec: dict, quick: bool = False, envs: bool = True) -> list[str]:
+    """Every problem line. spec: the profile's Snakemake settings (profile_spec); envs False where
+    Snakemake builds the environments (--software-deployment-method conda)."""
+    env = [*main_env(), *backend_env(cfg)] if envs else []
+    return [*env, *executor(spec, cfg), *accelerators(spec, cfg), *credentials(cfg), *sources(cfg), *disk(cfg, quick)]
+
+
+def _profile_dir(name: str) -> Path:
+    """Found as Snakemake finds it (this folder, then the user's and the system's profile folders)."""
+    found = profiles.snakemake_profiles(["--profile", name])
+    if not found:
+        known = ", ".join(sorted(p.name for p in (REPO / "profiles").iterdir()))
+        raise ConfigError(f"profile {name!r} not found; this checkout's profiles: {known}")
+    return found[0]
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="llmpipe doctor", description=__doc__.splitlines()[0])
+    ap.add_argument("--profile", default="local", help="profile name (profiles/<name>) or folder")
+    ap.add_argument("--configfile", nargs="+", action="extend", default=[], help="your config files, later wins")
+    ap.add_argument("--config", dest="overrides", nargs="+", action="extend", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--quick", action="store_true", help="disk bound from the sources' sizes, no plan")
+    args = ap.parse_args(argv)
+    try:
+        profile = _profile_dir(args.profile)
+        user = {}
+        for f in args.configfile:
+            user = profiles.merge(user, profiles._read_yaml(Path(f), "config file"))
+        user = profiles.merge(user, overrides.from_entries(args.overrides))
+        layered, _ = profiles.layered(user, profile if (profile / profiles.OVERLAY).is_file() else None)
+        cfg = validate(layered)
+    except ConfigError as exc:
+        sys.exit(f"doctor: {exc}")
+    found = problems(cfg, profile_spec(profile), args.quick)
+    for line in found:
+        print(line)
+    print(f"doctor: profile {profile.name}: {len(found)} problem(s)" if found else f"doctor: profile {profile.name}: ready")
+    sys.exit(1 if found else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""llmpipe doctor: what each profile's jobs need on this host, one line per problem, secrets never
+printed; and a non-dry snakemake stops on the same problems before any job (Snakefile onstart).
+The Slurm side against the real sandbox cluster: tests/test_slurm.py."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from llmpipe import doctor
+
+REPO = Path(__file__).resolve().parents[1]
+KINDS = r"^(main environment|\w+ environment|Slurm|accelerator|credentials|data|disk)( \([^)]*\))?: "
+CANARIES = {"AWS_ACCESS_KEY_ID": "AKIACANARY0123456789", "AWS_SECRET_ACCESS_KEY": "canary/secret/0123456789abcdef"}
+HF_CANARY = "hf_canaryTOKEN0123456789abcdefghij"
+
+
+def no_credentials(tmp_path: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "HF_TOKEN"))}
+    env.update(
+        AWS_CONFIG_FILE=str(tmp_path / "none"),
+        AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
+        AWS_EC2_METADATA_DISABLED="true",
+        HF_HOME=str(tmp_path / "hf"),
+    )
+    return env
+
+
+def run_doctor(*args, env=None, cwd=REPO):
+    cmd = [sys.executable, "-m", "llmpipe", "doctor", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
+
+
+def problem_lines(proc) -> list[str]:
+    lines = [ln for ln in proc.stdout.splitlines() if not ln.startswith("doctor: ")]
+    for line in lines:
+        assert re.match(KINDS, line), f"not a problem line: {line!r}"
+    assert len(lines) == len(set(lines)), "a problem printed twice"
+    return lines
+
+
+def test_local_profile_is_ready_here(tmp_path):
+    proc = run_doctor("--profile", "local", "--config", f"results_dir={tmp_path}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert problem_lines(proc) == []
+    assert "doctor: profile local: ready" in proc.stdout
+
+
+def test_slurm_trn1_names_each_missing_piece(tmp_path):
+    proc = run_doctor("--profile", "slurm-trn1", "--config", f"results_dir={tmp_path}", env=no_credentials(tmp_path))
+    assert proc.returncode == 1
+    lines = problem_lines(proc)
+    # the Neuron environment is never on this machine (Neuron's own pip repository)
+    assert any(ln.startswith("neuron environment: neuron.python '.venvs/neuron/bin/python' not found") for ln in lines)
+    assert any("scripts/setup-env-neuron.sh" in ln for ln in lines)
+    # Llama-2 is gated: no token in this environment
+    assert any(ln.startswith("credentials: meta-llama/Llama-2-7b-hf") and "HF_TOKEN" in ln for ln in lines)
+    if shutil.which("sbatch") is None:
+        assert "Slurm: sbatch not found on PATH" in proc.stdout
+    assert f"doctor: profile slurm-trn1: {len(lines)} problem(s)" in proc.stdout
+
+
+def test_gpu_colossal_names_its_environment_or_its_gpus(tmp_path):
+    env_dir = tmp_path / "empty"
+    proc = run_doctor(
+        "--profile", "gpu-colossal", "--config", f"results_dir={tmp_path}", f"colossal={{python: {env_dir}/bin/python}}"
+    )
+    assert proc.returncode == 1
+    lines = problem_lines(proc)
+    assert f"colossal environment: colossal.python '{env_dir}/bin/python' not found" in proc.stdout
+    assert any("scripts/setup-env-colossal.sh" in ln for ln in lines if ln.startswith("colossal environment"))
+    # the profile's own interpreter: this checkout's .venvs/colossal (CPU variant in CI) has the pins
+    own = run_doctor("--profile", "gpu-colossal", "--config", f"results_dir={tmp_path}")
+    venv = REPO / ".venvs/colossal/bin/python"
+    env_lines = [ln for ln in problem_lines(own) if ln.startswith("colossal environment")]
+    assert (env_lines == []) == venv.exists(), env_lines
+
+
+def test_wrong_pin_in_a_backend_environment_is_named(tmp_path):
+    """This interpreter has transformers 5.x: as the colossal interpreter it fails the 4.51.3 pin."""
+    proc = run_doctor(
+        "--profile", "gpu-colossal", "--config", f"results_dir={tmp_path}", f"colossal={{python: {sys.executable}}}"
+    )
+    import transformers
+
+    want = f"transformers {transformers.__version__} is installed, needs transformers==4.51.3"
+    assert any(want in ln for ln in problem_lines(proc)), proc.stdout
+    assert "colossalai is not installed (needs colossalai==0.5.0)" in proc.stdout
+
+
+def test_tpu_names_the_missing_tpu(tmp_path):
+    proc = run_doctor("--profile", "tpu", "--config", f"results_dir={tmp_path}")
+    assert proc.returncode == 1
+    lines = problem_lines(proc)
+    assert "accelerator: levanter.jax_platforms is tpu but JAX finds no TPU here (run on the TPU VM)" in lines
+    venv = REPO / ".venvs/levanter/bin/python"
+    assert any(ln.startswith("levanter environment") for ln in lines) != venv.exists()
+
+
+def test_credentials_are_checked_never_printed(tmp_path):
+    env = {**no_credentials(tmp_path), **CANARIES, "HF_TOKEN": HF_CANARY}
+    over = ["--config", f"results_dir={tmp_path}", "hub={release: {enabled: true, repo_id: me/model}}"]
+    proc = run_doctor("--profile", "sagemaker", *over, env=env)
+    out = proc.stdout + proc.stderr
+    for secret in [*CANARIES.values(), HF_CANARY]:
+        assert secret not in out
+    lines = problem_lines(proc)
+    assert not any("AWS credentials" in ln or "Hub token" in ln for ln in lines)  # present: no problem
+    assert "credentials: sagemaker.role_arn is the example ARN (fix: your role in your --configfile)" in lines
+    # without them, each is named
+    bare = run_doctor("--profile", "sagemaker", *over, env=no_credentials(tmp_path))
+    lines = problem_lines(bare)
+    assert any(ln.startswith("credentials: no AWS credentials for the SageMaker job") for ln in lines)
+    assert any(ln.startswith("credentials: hub.release.enabled needs a Hub token") for ln in lines)
+
+
+def test_missing_source_and_full_disk_are_named(tmp_path, monkeypatch):
+    proc = run_doctor("--profile", "local", "--config", f"results_dir={tmp_path}", "data={sources: [nowhere/*.jsonl]}")
+    assert proc.returncode == 1
+    assert problem_lines(proc) == ["data: source 'nowhere/*.jsonl' matches no file here (fix: data.sources)"]
+    # disk: the quick bound against a disk with less free space than the run needs
+    from llmpipe import config
+
+    cfg = config.load({"results_dir": str(tmp_path)})
+    need = doctor.disk_needed(cfg, doctor._text_bytes(cfg) // 2, None)
+    assert need > 0
+    monkeypatch.setattr(doctor.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(need, need - 1, 1))
+    (line,) = doctor.disk(cfg, quick=True)
+    assert line.startswith("disk: the run needs about") and str(tmp_path) in line
+
+
+def test_non_dry_run_stops_before_any_job(tmp_path):
+    """snakemake --profile sagemaker without AWS credentials: the doctor's lines, and no job ran."""
+    results = tmp_path / "results"
+    cmd = [sys.executable, "-m", "snakemake", "--profile", "sagemaker", "--config", f"results_dir={results}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=no_credentials(tmp_path), timeout=300)
+    assert proc.returncode != 0
+    assert "llmpipe doctor: " in proc.stderr and "problem(s) before any job" in proc.stderr
+    assert "credentials: no AWS credentials for the SageMaker job" in proc.stderr
+    assert not results.exists()  # not even get_data ran
+    # the dry run is untouched by the checks
+    dry = subprocess.run([*cmd, "-n"], capture_output=True, text=True, cwd=REPO, env=no_credentials(tmp_path), timeout=300)
+    assert dry.returncode == 0, dry.stderr[-2000:]
+
+
+@pytest.mark.parametrize("spec", ["torch>=2.7,<=2.13.0", "numpy>=99"])
+def test_main_environment_pins(spec, monkeypatch):
+    """A requirement this interpreter does not meet is one line naming it and the fix."""
+    monkeypatch.setattr(doctor.tomllib, "loads", lambda text: {"project": {"dependencies": [spec]}})
+    found = doctor.main_env()
+    if spec.startswith("numpy"):
+        import numpy
+
+        assert found == [
+            f"main environment ({sys.executable}): numpy {numpy.__version__} is installed, needs numpy>=99 "
+            "(fix: pip install -c requirements.lock -e .)"
+        ]
+    else:
+        assert found == []
