@@ -53,7 +53,14 @@ def _satisfied(req: Requirement, installed: dict[str, str | None]) -> str | None
 def main_env() -> list[str]:
     """pyproject.toml's requirements (this checkout's; no extras) in this interpreter, which runs every
     job of the main environment (`python -m llmpipe`, PYTHONPATH = this checkout's src/)."""
-    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    project = REPO / "pyproject.toml"
+    if not project.is_file():  # a copy of the workflow without it: what the installed llmpipe declares
+        try:
+            declared = [r for r in (md.requires("llmpipe") or []) if "extra ==" not in r]
+        except md.PackageNotFoundError:
+            return [f"main environment ({sys.executable}): llmpipe is not installed (fix: {SETUP_MAIN})"]
+    else:
+        declared = tomllib.loads(project.read_text())["project"]["dependencies"]
     out = []
     for req in map(Requirement, declared):
         if req.marker is not None and not req.marker.evaluate():
@@ -164,8 +171,11 @@ def accelerators(spec: dict, cfg: dict) -> list[str]:
     if backend == "colossal":
         import torch
 
-        if not torch.cuda.is_available():
-            return ["accelerator: the colossal backend trains here (local executor) but torch sees no CUDA device"]
+        from llmpipe.backends.colossal.train import GPU_ONLY
+
+        plugin = cfg["colossal"]["plugin"]
+        if plugin in GPU_ONLY and not torch.cuda.is_available():
+            return [f"accelerator: colossal.plugin {plugin} trains here (local executor) but torch sees no CUDA device"]
     if backend == "neuron" and not list(Path("/dev").glob("neuron*")):
         return ["accelerator: the neuron backend trains here (local executor) but there is no /dev/neuron*"]
     if backend == "levanter" and cfg["levanter"].get("jax_platforms") == "tpu":
@@ -227,7 +237,8 @@ def sources(cfg: dict) -> list[str]:
     from llmpipe.data.mixture import paths as source_paths
     from llmpipe.data.sources import expand_sources
 
-    local = [s for s in source_paths(cfg["data"]["sources"]) if "://" not in s and not s.startswith("hf:")]
+    made = Path(cfg["results_dir"]).as_posix() + "/"  # written by the run itself (hub.datasets as Parquet)
+    local = [s for s in source_paths(cfg["data"]["sources"]) if "://" not in s and not s.startswith(("hf:", made))]
     missing = [s for s in local if not _expand(expand_sources, s)]
     return [f"data: source {s!r} matches no file here (fix: data.sources)" for s in missing]
 
