@@ -1,4 +1,5 @@
 # Config layers and validation (before any job), run paths, backend selection, the llmpipe command.
+import copy
 import functools
 import json
 import os
@@ -8,7 +9,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
-from llmpipe import backends, profiles
+from llmpipe import backends, overrides, profiles, run_identity
 from llmpipe.config import ConfigError, validate
 from llmpipe.data.mixture import paths as source_paths
 from llmpipe.data.readers import HF_PREFIX
@@ -22,7 +23,9 @@ from llmpipe.data.remote_keys import digest as remote_digest, is_remote, remote_
 # defaults < preset < the profile's llmpipe.yaml < your --configfile / --config (llmpipe/profiles.py)
 try:
     PROFILE = profiles.active_profile(profiles.snakemake_argv())
-    layered, CONFIG_LAYERS = profiles.layered(workflow.config_settings.overwrite_config, PROFILE, Path(workflow.basedir))
+    # --config values typed by the schema (Snakemake leaves 'train={max_steps: 160}' a string); files as written
+    _user = overrides.user_layer(workflow.config_settings.overwrite_config, workflow.config_settings.config_args)
+    layered, CONFIG_LAYERS = profiles.layered(_user, PROFILE, Path(workflow.basedir))
     config.clear()
     config.update(layered)
     validate(config)
@@ -32,6 +35,12 @@ if PROFILE is not None:
     os.environ[profiles.PROFILE_ENV] = str(PROFILE)  # cluster jobs inherit it (sbatch --export=ALL)
 
 RUN = f"{config['results_dir']}/{config['run']}"
+# results/<run>/ is for one model, tokenizer and backend (llmpipe/run_identity.py): recorded when a run starts
+_IDENTITY_CONFIG = copy.deepcopy(config)  # before tokenizer.source "base" becomes a path below
+if workflow.is_main_process:  # cluster jobs run under the identity their main process checked
+    _clash = run_identity.clash(config, Path(RUN))
+    if _clash:
+        raise WorkflowError(_clash)
 BACKEND = config["train"]["backend"]  # validated: one of llmpipe.backends.available()
 BACKEND_RULES = str(backends.get(BACKEND).rules_file())
 if BACKEND in ("torch", "colossal"):  # before Snakemake deletes the old model to train again
@@ -227,3 +236,33 @@ def write_dag_info():
             "local_rules": sorted(r.name for r in workflow.rules if r.name in workflow._localrules or r.norun),
         }
         Path(target).write_text(json.dumps(info, default=str))
+
+
+def record_run_identity():
+    """results/<run>/run-identity.json, when the first job is about to start (not on a dry run)."""
+    try:
+        run_identity.record(_IDENTITY_CONFIG, Path(RUN))
+    except run_identity.IdentityClash as exc:
+        raise WorkflowError(str(exc)) from None
+
+
+def doctor_before_jobs():
+    """llmpipe doctor's checks (quick disk bound) before the first job of a non-dry run: a missing
+    environment, Slurm piece or credential stops here, never after a GPU allocation (--no-hooks skips)."""
+    if workflow.remote_exec:
+        return
+    from snakemake.settings.types import DeploymentMethod
+    from llmpipe import doctor
+
+    named = profiles.snakemake_profiles(profiles.snakemake_argv())
+    spec = {**doctor.profile_spec(named[-1] if named else None), "executor": workflow.executor_plugin.name}
+    built = DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method  # envs from envs/*.yaml
+    found = doctor.problems(config, spec, quick=True, envs=not built)
+    if found:
+        lines = "\n".join(found)
+        raise WorkflowError(f"llmpipe doctor: {len(found)} problem(s) before any job:\n{lines}")
+
+
+onstart:
+    doctor_before_jobs()
+    record_run_identity()

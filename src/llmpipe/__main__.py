@@ -22,6 +22,7 @@ CORE_COMMANDS = {
     "export": "llmpipe.export",
     "evaluate": "llmpipe.evaluate",
     "check-config": "llmpipe.check_config",
+    "doctor": "llmpipe.doctor",
     "backends": "llmpipe.backends.cli",
     "plan": "llmpipe.plan",
     "dag": "llmpipe.dag",

@@ -8,7 +8,8 @@ hardware keys). The config is built in layers, later wins:
 
 The profile's layer is loaded by the Snakefile itself, not through the profile's `configfiles:` (which a
 command-line --configfile replaces), so a user's own config never drops it. A user layer that names
-another backend than the profile's stops the run, naming both.
+another backend than the profile's stops the run, naming both. The run name (results/<run>/) follows
+the preset, else the profile, unless a layer names `run` (default_run).
 
 The profile is found with Snakemake's own argument parser and profile lookup (`--profile NAME|PATH`,
 $SNAKEMAKE_PROFILE), in the main process; the main process exports it as $LLMPIPE_PROFILE, which
@@ -151,7 +152,21 @@ def layered(user: dict, profile: Path | None = None, basedir: Path = REPO) -> tu
         origins.append("your --configfile / --config")
     cfg = merge(merge(merge(defaults, preset), overlay), user)
     cfg["preset"] = preset_name
+    if not any("run" in layer for layer in (preset, overlay, user)):
+        cfg["run"] = default_run(preset_name, profile, defaults)
     return cfg, origins
+
+
+def default_run(preset_name: str | None, profile: Path | None, defaults: dict) -> str:
+    """The run name when no layer above the defaults names one: the preset's name, else the profile's
+    (one with an llmpipe.yaml), else config/config.yaml's `run` (the embedded default: `default`). So runs
+    of different presets or profiles never share results/<run>/ unless you name them alike."""
+    if preset_name:
+        path = preset_path(preset_name)
+        return path.stem if path.name != f"{preset_name}.yaml" else preset_name  # a YAML path: its file name
+    if profile is not None:
+        return profile.name
+    return defaults.get("run") or "default"
 
 
 def profile_backend(profile: Path | None, basedir: Path = REPO) -> str | None:
