@@ -5,6 +5,7 @@ resources. Every snakemake call runs under `timeout -k`."""
 
 import collections
 import json
+import math
 import os
 import re
 import shutil
@@ -425,3 +426,157 @@ def test_tokenize_shards_are_batched_into_few_sbatch_jobs(slurm, tmp_path):
     for a, b in zip(ours["shards"], ref["shards"]):
         ta = (work / "results/default/data/tokens" / a["file"]).read_bytes()
         assert ta == (work / "ref/default/data/tokens" / b["file"]).read_bytes(), a["file"]
+
+
+# --- the gpu-colossal profile on the sandbox, and llmpipe doctor against it ---
+
+COLOSSAL_PY = REPO / ".venvs" / "colossal" / "bin" / "python"
+
+
+def need_colossal_env():
+    """The profile's own interpreter (colossal.python: .venvs/colossal/bin/python); CI must have built it."""
+    if COLOSSAL_PY.exists():
+        return
+    msg = f"{COLOSSAL_PY} is missing: build it with scripts/setup-env-colossal.sh --cpu"
+    (pytest.fail if os.environ.get("CI") else pytest.skip)(msg)
+
+
+def test_gpu_colossal_trains_through_sbatch_in_the_profiles_environment(slurm, tmp_path):
+    """`snakemake --profile profiles/gpu-colossal` with a config that only fits its preset (Llama-2-7B,
+    Gemini, 8 GPUs) to the sandbox and a CPU: the embedded default's model and data, one process, the ddp
+    plugin, fp32 (auto on CPU) and resources the node has. colossal.python is left to the profile: the
+    training job runs .venvs/colossal/bin/python (relative to the working directory, as on a cluster)."""
+    need_colossal_env()
+    work = tmp_path / "repo"
+    shutil.copytree(REPO, work, ignore=SKIP)
+    (work / ".venvs").symlink_to(REPO / ".venvs")  # the environment scripts/setup-env-colossal.sh built
+    base = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    cfg = overlay(
+        work,
+        "sandbox",
+        {
+            "tokenizer": {"vocab_size": base["tokenizer"]["vocab_size"]},
+            "model": {k: v for k, v in base["model"].items() if k != "init_from"},
+            "train": {
+                "seq_len": base["train"]["seq_len"],
+                "global_batch_size": 8,
+                "micro_batch_size": 8,
+                "precision": "auto",
+                "lr": base["train"]["lr"],
+                "min_lr": base["train"]["min_lr"],
+                "warmup_steps": 3,
+                "max_steps": 12,
+                "save_interval": 6,
+                "eval_interval": 6,
+            },
+            "parallel": {"nproc_per_node": 1, "activation_checkpointing": False},
+            "colossal": {"plugin": "ddp", "flash_attention": False},  # Gemini needs CUDA
+            # every rule: the sandbox's partition and sizes; no GPUs (gres none), no --exclusive
+            "resources": {
+                "default": {
+                    "slurm_partition": "local",
+                    "mem_mb": 3000,
+                    "cpus_per_task": 2,
+                    "runtime": 30,
+                    "gres": "none",
+                    "slurm_extra": "",
+                }
+            },
+        },
+    )
+    assert "python" not in yaml.safe_load(Path(cfg).read_text())["colossal"]
+    run = work / "results" / "llama-2-7b-colossal"  # the preset's run name
+    started = time.perf_counter()
+    # no slurmdbd in the sandbox: job states from squeue (as profiles/slurm-local); no retries of a failure
+    sm = ["--slurm-status-command", "squeue", "--slurm-init-seconds-before-status-checks", "1", "--retries", "0"]
+    proc = snakemake(work, f"{run.relative_to(work)}/hf", "--configfile", cfg, *sm, profile="gpu-colossal", timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-5000:] + _tail(run / "logs" / "train_colossal.log")
+    print(f"gpu-colossal on the sandbox: {time.perf_counter() - started:.0f} s")
+
+    # every job through sbatch; the training job with the config's resources (no gres)
+    jobs, logs = jobcomp(run_id(out)), slurm_logs(work)
+    assert jobs and all(j["JobState"] == "COMPLETED" and j["WorkDir"] == str(work) for j in jobs), jobs
+    rules = collections.Counter(logs[j["JobId"]][0] for j in jobs)
+    assert rules["train_colossal"] == 1 and rules["export_hf"] == 1 and "train_torch" not in rules, rules
+    (train,) = [j for j in jobs if logs[j["JobId"]][0] == "train_colossal"]
+    assert train["Partition"] == "local" and train["TimeLimit"] == "30", train
+    assert train["Tres"].startswith("cpu=2,mem=3000M,node=1") and "gpu" not in train["Tres"], train
+    assert f"SLURM jobid {train['JobId']} (log: {work}/.snakemake/slurm_logs/rule_train_colossal/" in out
+
+    # the profile's interpreter ran the ColossalAI trainer (colossalai is not in this environment)
+    log = (run / "logs" / "train_colossal.log").read_text()
+    assert f"llmpipe launch: {work}/.venvs/colossal/bin/python -m llmpipe colossal-train " in log, log[:3000]
+    assert "llmpipe.backends.colossal.train INFO plugin ddp (tp 1, pp 1, zero 0), world 1" in log, log[-3000:]
+    assert "precision fp32" in log and "trained model -> " in log, log[-3000:]
+    summary = json.loads((run / "checkpoints" / "colossal" / "final" / "train_summary.json").read_text())
+    assert {k: summary[k] for k in ("plugin", "precision", "world_size", "steps")} == {
+        "plugin": "ddp",
+        "precision": "fp32",
+        "world_size": 1,
+        "steps": 12,
+    }
+
+    # its metrics: a finite loss each step, falling; validation at the eval steps
+    metrics = [json.loads(x) for x in (run / "train" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in metrics] == list(range(1, 13))
+    losses = [r["loss"] for r in metrics]
+    assert all(math.isfinite(x) for x in losses), losses
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.3, losses
+    assert [r["step"] for r in metrics if "val_loss" in r] == [6, 12]
+
+    # the export: the trained weights (the colossal final checkpoint's), not the initial ones
+    weights = load_file(str(run / "hf" / "model.safetensors"))
+    assert weights["model.embed_tokens.weight"].shape == (base["tokenizer"]["vocab_size"], base["model"]["hidden_size"])
+    final = {}
+    for shard in (run / "checkpoints" / "colossal" / "final").glob("*.safetensors"):
+        final.update(load_file(str(shard)))
+    init = load_file(str(run / "checkpoints" / "init" / "model.safetensors"))
+    assert weights.keys() == final.keys() == init.keys()
+    assert all(weights[k].equal(final[k]) for k in weights)
+    assert sum(not weights[k].equal(init[k]) for k in weights) == len(weights)
+
+
+def _tail(path: Path, n: int = 3000) -> str:
+    return path.read_text()[-n:] if path.is_file() else ""
+
+
+def doctor(*args, cwd=REPO):
+    cmd = ["timeout", "-k", "10", "300", sys.executable, "-m", "llmpipe", "doctor", *args]
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+
+
+def problem_lines(proc) -> list[str]:
+    return [ln for ln in proc.stdout.splitlines() if not ln.startswith("doctor: ")]
+
+
+def test_doctor_against_the_sandbox(slurm, tmp_path):
+    """llmpipe doctor asks the real cluster (sinfo): slurm-local is ready here; a partition the cluster
+    lacks is the one problem; gpu-colossal's GPU rules are matched against the node's gres (gpu:2)."""
+    where = ["--config", f"results_dir={tmp_path}"]
+    ready = doctor("--profile", "slurm-local", *where)
+    assert ready.returncode == 0, ready.stdout + ready.stderr[-3000:]
+    assert problem_lines(ready) == [] and "doctor: profile slurm-local: ready" in ready.stdout
+
+    nosuch = doctor("--profile", "slurm-local", "--quick", *where, "resources={default: {slurm_partition: nosuch}}")
+    assert nosuch.returncode == 1, nosuch.stdout + nosuch.stderr[-3000:]
+    assert problem_lines(nosuch) == [
+        "Slurm: partition 'nosuch' (default, train_torch) does not exist; sinfo lists ['local'] (fix: resources)"
+    ], nosuch.stdout
+    assert "doctor: profile slurm-local: 1 problem(s)" in nosuch.stdout
+
+    # gpu-colossal sizes whole 8-GPU nodes: each request above the sandbox's node is named, per rule
+    colossal = doctor("--profile", "gpu-colossal", "--quick", *where)
+    lines = problem_lines(colossal)
+    assert colossal.returncode == 1, colossal.stdout + colossal.stderr[-3000:]
+    gpus = sum(
+        int(n)
+        for n in re.findall(r"gpu:(\d+)", subprocess.run(["sinfo", "-h", "-o", "%G"], capture_output=True, text=True).stdout)
+    )
+    assert f"Slurm: train_colossal asks for 8 gpus a node, the largest node of any partition has {gpus} (fix: resources)" in lines
+    assert any(ln.startswith("Slurm: train_colossal asks for 96 cpus a node") for ln in lines)
+    # with the config's resources: section fitting the node (as the training test below uses), none is left
+    fits = "resources={default: {slurm_partition: local, mem_mb: 3000, cpus_per_task: 2, gres: none}}"
+    fitted = doctor("--profile", "gpu-colossal", "--quick", *where, fits)
+    assert not [ln for ln in problem_lines(fitted) if ln.startswith("Slurm")], fitted.stdout
+    assert not [ln for ln in lines if ln.startswith("colossal environment")] or not COLOSSAL_PY.exists(), lines

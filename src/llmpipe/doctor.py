@@ -21,6 +21,7 @@ import argparse
 import importlib.metadata as md
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -117,11 +118,37 @@ def profile_spec(profile: Path | None) -> dict:
 
 
 def _named_resources(spec: dict, cfg: dict) -> list[tuple[str, dict]]:
-    """(rule or "default", resources) from the profile and the config's `resources:` section."""
-    out = [("default", spec.get("default-resources") or {})]
-    out += list((spec.get("set-resources") or {}).items())
-    out += list((cfg.get("resources") or {}).items())
-    return [(name, r) for name, r in out if isinstance(r, dict)]
+    """(rule, its resources) as the workflow applies them (rules/common.smk apply_config_resources): the
+    profile's default-resources < its set-resources < the config's resources default < rule < train
+    (the training rule). "default" stands for every rule named nowhere."""
+    backend = cfg["train"]["backend"]
+    others = {r for b, rs in backends.rules_by_backend().items() if b != backend for r in rs}
+    profile_set, config_res = spec.get("set-resources") or {}, cfg.get("resources") or {}
+    names = {"default", f"train_{backend}", *profile_set, *config_res} - {"train"} - others
+    out = []
+    for rule in sorted(names):
+        res = {**(spec.get("default-resources") or {}), **(profile_set.get(rule) or {})}
+        res.update({**(config_res.get("default") or {}), **(config_res.get(rule) or {})})
+        if rule == f"train_{backend}":
+            res.update(config_res.get("train") or {})
+        out.append((rule, res))
+    return out
+
+
+def _gpus(gres) -> int:
+    """GPUs in a gres string: gpu:8, gpu:a100:8, gpu:2(S:0-1); 0 for none."""
+    return sum(int(n) for n in re.findall(r"gpu(?::[\w.-]+)?:(\d+)", str(gres or "")))
+
+
+def _nodes() -> dict[str, dict]:
+    """The largest node of each partition: {partition: {cpus, mem_mb, gpus}} from sinfo."""
+    out: dict[str, dict] = {}
+    for line in (_run(["sinfo", "-h", "-o", "%R|%c|%m|%G"]) or "").splitlines():
+        part, cpus, mem, gres = line.split("|")
+        node = {"cpus": int(cpus.rstrip("+")), "mem_mb": int(mem.rstrip("+")), "gpus": _gpus(gres)}
+        have = out.setdefault(part, node)
+        out[part] = {k: max(have[k], node[k]) for k in node}
+    return out
 
 
 def _run(cmd: list[str]) -> str | None:
@@ -144,17 +171,29 @@ def executor(spec: dict, cfg: dict) -> list[str]:
     if out:
         return out
     named = _named_resources(spec, cfg)
-    lines = (_run(["sinfo", "-h", "-o", "%R %G"]) or "").split()
-    partitions = set(lines[0::2])
-    gres = dict(zip(lines[0::2], lines[1::2]))
+    nodes = _nodes()
+    missing: dict[str, list[str]] = {}
     for rule, res in named:
         part = res.get("slurm_partition")
-        if part and part not in partitions:
-            out.append(f"Slurm: partition {part!r} ({rule}) does not exist; sinfo lists {sorted(partitions)} (fix: resources)")
-        wants_gpu = "gpu" in str(res.get("gres") or "") or res.get("gpu")
-        offered = [gres.get(part)] if part in gres else list(gres.values())
-        if wants_gpu and not any("gpu" in (g or "") for g in offered):
-            out.append(f"Slurm: {rule} asks for GPUs ({res.get('gres') or res.get('gpu')}) but no partition offers gres gpu")
+        if part and part not in nodes:
+            missing.setdefault(part, []).append(rule)
+            continue
+        largest = nodes[part] if part else {k: max((n[k] for n in nodes.values()), default=0) for k in ("cpus", "mem_mb", "gpus")}
+        where = f"partition {part!r}" if part else "any partition"
+        asks = {
+            "gpus": _gpus(res.get("gres")) or int(res.get("gpu") or 0),
+            "cpus": res.get("cpus_per_task"),
+            "mem_mb": res.get("mem_mb"),
+        }
+        for key, want in asks.items():
+            if isinstance(want, int) and want > largest[key]:
+                out.append(
+                    f"Slurm: {rule} asks for {want} {key} a node, the largest node of {where} has {largest[key]} (fix: resources)"
+                )
+    for part, rules in missing.items():
+        out.insert(
+            0, f"Slurm: partition {part!r} ({', '.join(rules)}) does not exist; sinfo lists {sorted(nodes)} (fix: resources)"
+        )
     accounts = {res["slurm_account"] for _, res in named if res.get("slurm_account")}
     known = _run(["sacctmgr", "-nP", "show", "account", "format=Account"]) if accounts else None
     if known is not None:
