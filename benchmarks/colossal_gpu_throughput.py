@@ -17,7 +17,7 @@ global batch = micro x GPUs (no accumulation); warmup steps are not timed.
                      over the GPUs, no gradient checkpointing (OOM for 7B on 80 GB: 16 B/parameter)
 
 MFU = tokens/s/GPU x FLOPs per token (llmpipe.plan: 6 N_matmul + 12 L d s) / peak dense BF16 of the
-GPU (--peak-tflops, else by name: H100/H200 989, A100 312).
+GPU (--peak-tflops, else by name from llmpipe/devices.py).
 """
 
 from __future__ import annotations

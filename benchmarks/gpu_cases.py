@@ -1,42 +1,93 @@
 """What the GPU throughput benchmarks share: each case runs in its own `torchrun --standalone` process
-(so an OOM is recorded as such and frees everything), MFU comes from the device's peak, one line a case."""
+(so an OOM is recorded as such and frees everything), MFU comes from the device's peak (llmpipe.devices),
+one line a case; a failed case prints the failing rank's own error (torchrun's per-rank logs)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}  # dense BF16
+RANK_PREFIX = re.compile(r"^\[rank\d+\]: ", re.M)  # torch prefixes a rank's uncaught traceback lines
+OOM = re.compile(r"out of memory|OutOfMemoryError", re.I)
+ERROR_LINES = 30  # of the failing rank's traceback, its end
 
 
 def peak_for(device: str, given: float | None) -> float | None:
     if given:
         return given
-    return next((v for k, v in PEAK_TFLOPS.items() if k in device), None)
+    if str(SRC) not in sys.path:
+        sys.path.insert(0, str(SRC))
+    from llmpipe.devices import peak_tflops
+
+    return peak_tflops(device)
+
+
+def rank_errors(log_dir: Path) -> list[tuple[float, str, str]]:
+    """(when, rank, traceback) of each rank that raised, first first, from torchrun's --log-dir: the rank's
+    error.json (a main wrapped in torch.distributed.elastic's @record), else the last traceback in its
+    stderr.log."""
+    found = []
+    for rank_dir in log_dir.glob("*/attempt_*/*"):
+        err, log = rank_dir / "error.json", rank_dir / "stderr.log"
+        if err.is_file():
+            msg = json.loads(err.read_text())["message"]
+            text = msg["extraInfo"]["py_callstack"] if isinstance(msg, dict) else str(msg)
+            found.append((err.stat().st_mtime, rank_dir.name, text))
+        elif log.is_file() and "Traceback (most recent call last)" in (text := log.read_text(errors="replace")):
+            text = RANK_PREFIX.sub("", text)
+            found.append((log.stat().st_mtime, rank_dir.name, text[text.rindex("Traceback (most recent call last)") :]))
+    return sorted(found)
+
+
+def failure(log_dir: Path, output: str, timed_out: bool) -> tuple[str, str]:
+    """("OOM" / "failed" / "timeout", what to show): the first failing rank's traceback (its last lines),
+    else the end of torchrun's own output."""
+    errors = rank_errors(log_dir)
+    if errors:
+        _, rank, text = errors[0]
+        text = f"rank {rank}: " + "\n".join(text.rstrip().splitlines()[-ERROR_LINES:])
+    else:
+        text = output[-3000:].strip() or "(no output)"
+    return ("timeout" if timed_out else "OOM" if OOM.search(text) else "failed"), text
+
+
+def run_torchrun(cmd: list[str], env: dict, timeout: int) -> tuple[int | None, str]:
+    """(exit status or None on timeout, stdout + stderr) of torchrun; on timeout SIGTERM first, which
+    torchrun passes on to its workers (they run in sessions of their own)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        output = proc.communicate(timeout=timeout)[0]
+        return proc.returncode, output
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            return None, proc.communicate(timeout=60)[0]
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return None, proc.communicate()[0]
 
 
 def launch_case(script: str, case: dict, name: str, gpus: int, timeout: int, peak_tflops: float | None) -> dict:
     """`script --case JSON --result FILE` under torchrun on `gpus` processes: its result with "mfu", or the
-    case with "error" (OOM, failed, timeout) and the log's tail. `name` starts the printed line."""
+    case with "error" (OOM, failed, timeout) and "log_tail", the failing rank's traceback. `name` starts
+    the printed line."""
     with tempfile.TemporaryDirectory() as tmp:
-        res = Path(tmp) / "r.json"
+        res, logs = Path(tmp) / "r.json", Path(tmp) / "logs"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(gpus)]
+        cmd += ["--log-dir", str(logs), "--redirects", "3"]  # each rank's stdout / stderr in a file of its own
         cmd += [script, "--case", json.dumps(case), "--result", str(res)]
         env = {**os.environ, "PYTHONPATH": f"{SRC}:{os.environ.get('PYTHONPATH', '')}"}
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-            failed, tail = proc.returncode != 0, proc.stdout[-1500:] + proc.stderr[-1500:]
-        except subprocess.TimeoutExpired:
-            failed, tail = True, "timeout"
-        if failed or not res.exists():
-            why = "OOM" if "out of memory" in tail.lower() or "OutOfMemory" in tail else "failed"
-            print(f"{name} {why}", flush=True)
-            return {**case, "world": gpus, "error": why, "log_tail": tail[-800:]}
+        status, output = run_torchrun(cmd, env, timeout)
+        if status != 0 or not res.exists():
+            why, text = failure(logs, output, status is None)
+            print(f"{name} {why}\n{text}", flush=True)
+            return {**case, "world": gpus, "error": why, "log_tail": text}
         r = json.loads(res.read_text())
     peak = peak_for(r["device"], peak_tflops)
     r["mfu"] = r["model_tflops_per_gpu"] / peak if peak else None

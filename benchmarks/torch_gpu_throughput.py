@@ -17,7 +17,7 @@ Global batch = micro x GPUs (no accumulation); warmup steps (compile included) a
   minimal   model(ids) -> loss -> backward -> AdamW step, bf16 autocast, DDP: the floor of overhead
 
 MFU = tokens/s/GPU x FLOPs per token (llmpipe.plan: 6 N_matmul + 12 L d s) / peak dense BF16 of the
-GPU (--peak-tflops, else by name: H100/H200 989, A100 312). No figures are recorded in the docs yet:
+GPU (--peak-tflops, else by name from llmpipe/devices.py). No figures are recorded in the docs yet:
 no GPU was available when this was written.
 """
 
@@ -76,7 +76,7 @@ def run_case(case: dict) -> dict:
     from llmpipe import config as cfgmod
     from llmpipe.backends.torch.train import autocast_dtype, compile_layers, full_norm, fully_shard_model
     from llmpipe.plan import Shape, flops_per_token, matmul_parameters, parameters
-    from llmpipe.train.documents import model_inputs
+    from llmpipe.train.documents import attention_kernel, model_inputs
     from llmpipe.train.loss import lm_loss_sum
     from llmpipe.train.optim import build_optimizer
 
@@ -93,7 +93,8 @@ def run_case(case: dict) -> dict:
     t.update(seq_len=seq, micro_batch_size=micro, global_batch_size=micro * world, max_steps=1000, warmup_steps=10)
     amp = autocast_dtype("auto", device) if on_gpu else None
     torch.manual_seed(0)
-    model = LlamaForCausalLM._from_config(hf, attn_implementation="sdpa", dtype=torch.float32).to(device)
+    attn = attention_kernel(device, case["masking"])  # as the trainer: flex_attention for masking on CUDA
+    model = LlamaForCausalLM._from_config(hf, attn_implementation=attn, dtype=torch.float32).to(device)
     model.train()
     if mode == "fsdp2":
         fully_shard_model(model, amp)
@@ -105,9 +106,9 @@ def run_case(case: dict) -> dict:
     def step(batch):
         with torch.autocast(device.type, dtype=amp or torch.bfloat16, enabled=amp is not None):
             if mode == "minimal":
-                loss = net(input_ids=batch["input_ids"], labels=batch["input_ids"]).loss
+                loss = net(input_ids=batch["input_ids"], labels=batch["input_ids"], use_cache=False).loss
             else:
-                loss, n = lm_loss_sum(net, labels=batch["input_ids"], **model_inputs(batch, device, case["masking"]))
+                loss, n = lm_loss_sum(net, labels=batch["input_ids"], **model_inputs(batch, device, case["masking"], attn))
                 loss = loss / n
         loss.backward()
         if mode != "minimal":
@@ -143,6 +144,7 @@ def run_case(case: dict) -> dict:
         "world": world,
         "parameters": n,
         "precision": str(amp or "fp32"),
+        "attention": attn,
         "step_s": elapsed / case["steps"],
         "tokens_per_s_per_gpu": tok_s_gpu,
         "model_tflops_per_gpu": tok_s_gpu * flops_per_token(shape, matmul_parameters(shape, n), seq) / 1e12,

@@ -1,5 +1,5 @@
-# Items for `snakemake --report report.html`: loss and learning-rate curves, data statistics, the
-# plan and the evaluation (captions in report/). Built once training and evaluation are done.
+# Items for `snakemake --report report.html`: loss, learning-rate and throughput curves, data
+# statistics, the plan and the evaluation (captions in report/). Built once training and evaluation are done.
 
 
 rule report_items:
@@ -11,6 +11,12 @@ rule report_items:
     output:
         loss=report(f"{RUN}/report/loss.png", caption="../report/loss.rst", category="Training", labels={"figure": "loss"}),
         lr=report(f"{RUN}/report/lr.png", caption="../report/lr.rst", category="Training", labels={"figure": "learning rate"}),
+        throughput=report(
+            f"{RUN}/report/throughput.png",
+            caption="../report/throughput.rst",
+            category="Training",
+            labels={"figure": "throughput"},
+        ),
         data=report(f"{RUN}/report/data.html", caption="../report/data.rst", category="Data", labels={"table": "data statistics"}),
         plan=report(f"{RUN}/report/plan.html", caption="../report/plan.rst", category="Plan", labels={"table": "plan"}),
         eval=report(

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from llmpipe.train.documents import document_mask, document_positions, model_inputs
+from llmpipe.train.documents import FLEX, SDPA, document_block_mask, document_mask, document_positions, model_inputs
 from tests.test_train_torch import losses, run_train
 
 # fp32 on CPU: the same document's logits alone or after another one differ only by summation order
@@ -14,7 +14,7 @@ from tests.test_train_torch import losses, run_train
 ATOL = 1e-5
 
 
-def tiny_llama(seed=0):
+def tiny_llama(seed=0, attention=SDPA):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
@@ -25,9 +25,9 @@ def tiny_llama(seed=0):
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=64,
+        max_position_embeddings=512,
     )
-    return LlamaForCausalLM._from_config(cfg, attn_implementation="sdpa").eval()
+    return LlamaForCausalLM._from_config(cfg, attn_implementation=attention).eval()
 
 
 def test_positions_restart_and_mask_is_block_diagonal_causal():
@@ -60,6 +60,65 @@ def test_document_logits_do_not_depend_on_the_document_before_it(first_len):
     assert in_row.shape == (20, 128) and length == packed["input_ids"].shape[1]
     torch.testing.assert_close(in_row, by_itself, atol=ATOL, rtol=0)
     assert (unmasked - by_itself).abs().max() > 1e-2  # without masking, b sees a: the test can fail
+
+
+def packed_rows(lengths: list[list[int]], length: int) -> torch.Tensor:
+    """[rows, length] segment ids of rows holding documents of these lengths, -1 (padding) after them."""
+    rows = []
+    for docs in lengths:
+        seg = torch.repeat_interleave(torch.arange(len(docs)), torch.tensor(docs))
+        rows.append(torch.cat([seg, torch.full((length - len(seg),), -1)]))
+    return torch.stack(rows)
+
+
+# 300 positions = 3 tiles of 128 in flex_attention's BlockMask: empty, partial and full tiles; a one-token
+# document; padding at a row's end.
+ROWS = [[100, 1, 90, 70], [270, 20], [300]]
+
+
+def test_block_mask_is_the_dense_document_mask():
+    """flex_attention's BlockMask (used on CUDA) holds document_mask's rule: its mask_mod over every
+    (query, key) is document_mask, and a 128 x 128 tile is listed exactly where that tile of
+    document_mask has an allowed pair. On CUDA the builder is compiled: here too where inductor works."""
+    from torch.nn.attention.flex_attention import create_mask
+
+    from llmpipe.train import documents
+    from tests.test_torch_compile import inductor_works
+
+    seg = packed_rows(ROWS, 300)
+    dense = document_mask(seg)
+    block = document_block_mask(seg)
+    assert torch.equal(create_mask(block.mask_mod, 3, 1, 300, 300, device="cpu"), dense)
+    tiles = torch.nn.functional.pad(dense, (0, 84, 0, 84)).reshape(3, 1, 3, 128, 3, 128)
+    assert torch.equal(block.to_dense().bool(), tiles.any(5).any(3))
+    assert int(block.full_kv_num_blocks.sum()) > 0  # full tiles (mask_mod skipped) are exercised
+    if inductor_works() is None:
+        compiled = documents._compiled_create_block_mask()(block.mask_mod, 3, None, 300, 300, device="cpu")
+        assert torch.equal(compiled.to_dense(), block.to_dense())
+        assert torch.equal(compiled.full_kv_num_blocks, block.full_kv_num_blocks)
+
+
+def test_flex_attention_logits_equal_the_dense_mask_path():
+    """The CUDA path (flex_attention + BlockMask) gives the CPU path's logits (SDPA + dense mask) for rows
+    of several documents and padding, with the same per-document positions. flex_attention runs forward
+    only on CPU (no backward there): transformers compiles it (inductor), so it needs a C++ compiler."""
+    from tests.test_torch_compile import inductor_works
+
+    if reason := inductor_works():
+        pytest.skip(reason)
+    sdpa, flex = tiny_llama(attention=SDPA), tiny_llama(attention=FLEX)
+    flex.load_state_dict(sdpa.state_dict())
+    seg = packed_rows(ROWS, 300)
+    batch = {"input_ids": torch.randint(0, 128, seg.shape, generator=torch.Generator().manual_seed(0)), "segment_ids": seg}
+    cpu = torch.device("cpu")
+    dense_in, flex_in = model_inputs(batch, cpu, True, SDPA), model_inputs(batch, cpu, True, FLEX)
+    assert torch.equal(flex_in["position_ids"], dense_in["position_ids"])
+    with torch.no_grad():
+        want = sdpa(**dense_in).logits
+        got = flex(**flex_in).logits
+        unmasked = sdpa(**model_inputs(batch, cpu, False)).logits
+    torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
+    assert (unmasked - want).abs().max() > 1e-2  # the masks matter here: the comparison can fail
 
 
 def first_step_with_a_boundary(prepared, steps):

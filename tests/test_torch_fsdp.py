@@ -1,6 +1,7 @@
 """FSDP2 (parallel.zero 3: torch.distributed.fsdp.fully_shard) beside DDP, on CPU with gloo: 2 processes
-train as 1 does, DCP checkpoints resume after a stop to the uninterrupted run, and on another number of
-processes (2 -> 1); activation checkpointing changes nothing but memory."""
+train as 1 does (one process is not sharded: a plain module), DCP checkpoints resume after a stop to the
+uninterrupted run, and on another number of processes (2 -> 1, 1 -> 2); activation checkpointing changes
+nothing but memory."""
 
 import json
 
@@ -18,9 +19,11 @@ LOSS_ATOL = 1e-4
 
 @pytest.fixture(scope="module")
 def fsdp_one(prepared, tmp_path_factory):
-    """One process under FSDP2 (a process group of one), the reference run."""
+    """One process with zero 3, the reference run: not sharded (a plain module), DCP checkpoints."""
     out, proc = run_train(prepared, tmp_path_factory.mktemp("fsdp1"), "one", cfg_over=FSDP)
-    assert "(FSDP2)" in proc.stderr
+    assert "world 1 (zero 3 with 1 process: not sharded)" in proc.stderr
+    assert json.loads((out / "final" / "train_summary.json").read_text())["data_parallel"] == "none (zero 3, 1 process)"
+    assert (out / "ckpt" / "step_00000012" / "dcp" / ".metadata").is_file()
     return out
 
 
@@ -34,7 +37,7 @@ def test_fsdp_two_processes_match_one_and_ddp(prepared, fsdp_one, tmp_path):
         assert r2["grad_norm"] == pytest.approx(r1["grad_norm"], rel=1e-3), r1["step"]
     assert two_recs[-1]["val_loss"] == pytest.approx(one[-1]["val_loss"], abs=LOSS_ATOL)
     ddp, _ = run_train(prepared, tmp_path, "ddp", cfg_over={"train": {"max_steps": 12}})
-    for r1, r2 in zip(losses(ddp), one):  # FSDP2 on one process is the DDP recipe
+    for r1, r2 in zip(losses(ddp), one):  # zero 3 on one process is the DDP recipe
         assert r2["loss"] == pytest.approx(r1["loss"], abs=LOSS_ATOL), r1["step"]
     # the final HF folder holds the whole weights, gathered from the shards
     a, b = load_file(str(fsdp_one / "final" / "model.safetensors")), load_file(str(two / "final" / "model.safetensors"))
@@ -65,6 +68,22 @@ def test_fsdp_resume_after_stop_and_on_another_world_size(prepared, fsdp_one, tm
         for r1, r2 in zip(ref[5:], recs[5:]):
             assert r2["loss"] == pytest.approx(r1["loss"], abs=LOSS_ATOL), (name, r1["step"])
         assert recs[-1]["val_loss"] == pytest.approx(ref[-1]["val_loss"], abs=LOSS_ATOL)
+
+
+def test_one_process_checkpoint_resumes_sharded_on_two(prepared, fsdp_one, tmp_path):
+    """A zero 3 run stopped after step 5 on 1 process (unsharded, one DCP file) resumes on 2 processes
+    under FSDP2 to the uninterrupted run's losses and final weights."""
+    out, _ = run_train(prepared, tmp_path, "one", cfg_over=FSDP, stop_after=5)
+    assert len(list((out / "ckpt" / "step_00000005" / "dcp").glob("*.distcp"))) == 1
+    resumed, proc = run_train(prepared, tmp_path, "one", cfg_over=FSDP, nproc=2)
+    assert "world 2 (FSDP2)" in proc.stderr and "(step 5)" in proc.stderr
+    recs, ref = losses(resumed), losses(fsdp_one)
+    assert [r["step"] for r in recs] == list(range(1, 13))
+    for r1, r2 in zip(ref[5:], recs[5:]):
+        assert r2["loss"] == pytest.approx(r1["loss"], abs=LOSS_ATOL), r1["step"]
+    a, b = load_file(str(fsdp_one / "final" / "model.safetensors")), load_file(str(resumed / "final" / "model.safetensors"))
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=1e-4, rtol=0)
 
 
 def test_fsdp_checkpoint_is_not_resumed_by_ddp(prepared, tmp_path):

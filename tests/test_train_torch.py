@@ -33,6 +33,14 @@ def losses(out):
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+def plan_flops_per_token(prepared) -> int:
+    """FLOPs per token of the trained model by the plan's arithmetic (llmpipe.plan)."""
+    from llmpipe.plan import Shape, flops_per_token, matmul_parameters, parameters
+
+    shape = Shape.from_hf(json.loads((prepared["init"] / "config.json").read_text()))
+    return flops_per_token(shape, matmul_parameters(shape, parameters(shape)), prepared["cfg"]["train"]["seq_len"])
+
+
 @pytest.fixture(scope="module")
 def baseline(prepared, tmp_path_factory):
     out, _ = run_train(prepared, tmp_path_factory.mktemp("base"), "a")
@@ -49,6 +57,13 @@ def test_loss_goes_down_and_final_model_written(baseline):
     summary = json.loads((baseline / "final" / "train_summary.json").read_text())
     assert summary["final_val_loss"] == vals[-1]
     assert (baseline / "final" / "model.safetensors").is_file()
+
+
+def test_metrics_carry_model_tflops_and_no_mfu_on_cpu(prepared, baseline):
+    flops = plan_flops_per_token(prepared)
+    for r in losses(baseline):
+        assert r["tflops_per_device"] == pytest.approx(r["tokens_per_s"] * flops / 1e12, rel=1e-12), r["step"]
+        assert r["tflops_per_device"] > 0 and r["mfu"] is None  # a CPU has no peak in llmpipe.devices
 
 
 def test_resume_after_stop_is_bitwise_identical(prepared, baseline, tmp_path):
@@ -94,6 +109,10 @@ def test_ddp_two_processes_match_one_process(prepared, baseline, tmp_path):
     for r1, r2 in zip(one, two):
         assert r2["loss"] == pytest.approx(r1["loss"], abs=1e-4), r1["step"]
     assert two[-1]["val_loss"] == pytest.approx(one[-1]["val_loss"], abs=1e-4)
+    flops = plan_flops_per_token(prepared)  # tokens_per_s counts both ranks' tokens: per device is half
+    assert all(r["tflops_per_device"] == pytest.approx(r["tokens_per_s"] * flops / 2 / 1e12, rel=1e-12) for r in two)
+    last = two[-1]
+    assert f"{last['tokens_per_s']:.0f} tok/s {last['tflops_per_device']:.3g} TFLOP/s/device val_loss" in proc.stderr
 
 
 def test_bf16_autocast_runs_on_cpu_when_asked(prepared, baseline, tmp_path):

@@ -105,8 +105,14 @@ def test_embedded_default_end_to_end(workdir):
     again = snakemake(workdir, "-n", timeout=120)
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
 
-    # a changed tokenizer can never reuse old tokens: everything from the tokenizer on reruns
+    # a changed tokenizer in the same run folder stops before any job (run-identity.json), naming the way out
     (workdir / "smaller-vocab.yaml").write_text("tokenizer: {vocab_size: 2048}\n")
+    refused = snakemake(workdir, "-n", "--configfile", "smaller-vocab.yaml", timeout=120)
+    said = refused.stdout + refused.stderr
+    assert refused.returncode != 0 and "tokenizer.vocab_size 4096 -> 2048" in said, said[-2000:]
+    assert "--config run=" in said
+    # taken on purpose (the identity file removed), old tokens are never reused: everything from the tokenizer on reruns
+    (run / "run-identity.json").unlink()
     changed = snakemake(workdir, "-n", "--configfile", "smaller-vocab.yaml", timeout=120)
     assert changed.returncode == 0, changed.stderr
     for rule in ("tokenizer", "tokenize", "token_store", "pack_view", "train_torch"):
@@ -178,7 +184,7 @@ def test_plan_and_report_after_the_run(workdir):
     proc = snakemake(workdir, "--report", "report.html", timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     html = (workdir / "report.html").read_text()
-    for name in ("loss.png", "lr.png"):  # the plots themselves, embedded
+    for name in ("loss.png", "lr.png", "throughput.png"):  # the plots themselves, embedded
         assert base64.b64encode((run / "report" / name).read_bytes()).decode() in html, name
     for item in ("data.html", "plan.html", "eval.html"):
         assert item in html, item

@@ -14,7 +14,7 @@ from llmpipe import backends
 from llmpipe import config as cfgmod
 from llmpipe.data.tokenizer import TokenizerMismatch, check_same_tokenizer
 from llmpipe.io import write_json
-from llmpipe.train.documents import masking_wanted
+from llmpipe.train.documents import attention_kernel, masking_wanted
 from llmpipe.train.loss import dataset_loss
 
 log = logging.getLogger(__name__)
@@ -33,14 +33,16 @@ def evaluate(
         check_same_tokenizer(model_dir, recorded, f"the view {view_dir}")
     torch.set_num_threads(threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = AutoModelForCausalLM.from_pretrained(
-        str(model_dir), dtype=torch.float32, attn_implementation="sdpa", trust_remote_code=False
-    ).to(device)
     val = datasets.load_from_disk(str(Path(view_dir) / "val")).with_format("torch")
     try:
         masking = masking_wanted(document_masking, val.column_names)
     except ValueError as exc:
         raise SystemExit(f"llmpipe evaluate: {exc}") from None
+    attention = attention_kernel(device, masking)
+    log.info("evaluate on %s: document masking %s, attention %s", device.type, "on" if masking else "off", attention)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(model_dir), dtype=torch.float32, attn_implementation=attention, trust_remote_code=False
+    ).to(device)
     loss, tokens = dataset_loss(model, val, batch_size, device, progress="evaluate", document_masking=masking)
     if not math.isfinite(loss):
         raise SystemExit(

@@ -1,5 +1,6 @@
-"""report: the items `snakemake --report` shows: loss and learning-rate curves (PNG, from
-metrics.jsonl) and HTML tables of the data statistics, the plan and the evaluation.
+"""report: the items `snakemake --report` shows: loss, learning-rate and throughput curves (PNG, from
+metrics.jsonl: tokens/s, model TFLOP/s per device and MFU) and HTML tables of the data statistics, the
+plan and the evaluation.
 
   llmpipe report --metrics M --stats S --plan P --eval E --out DIR
 """
@@ -52,6 +53,36 @@ def plot(recs: list[dict], loss_png: str | Path, lr_png: str | Path, title: str 
     ax.set(xlabel="step", ylabel="learning rate", title=f"learning rate {title}".strip())
     ax.grid(alpha=0.3)
     _save(fig, lr_png)
+
+
+def throughput_figure(recs: list[dict], title: str = ""):
+    """Per step: tokens/s (all devices), model TFLOP/s per device and MFU (%); MFU only where the
+    device's peak is known (llmpipe.devices), a note instead."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def series(key, scale=1.0):
+        known = [r for r in recs if r.get(key) is not None]
+        return [r["step"] for r in known], [r[key] * scale for r in known]
+
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.5), dpi=100)
+    panels = (
+        ("tokens_per_s", 1, "tokens/s", "tokens/s (all devices)"),
+        ("tflops_per_device", 1, "model TFLOP/s per device", "model TFLOP/s per device"),
+        ("mfu", 100, "MFU", "MFU (%)"),
+    )
+    for ax, (key, scale, label, ylabel) in zip(axes, panels):
+        steps, values = series(key, scale)
+        if values:
+            ax.plot(steps, values, lw=1, label=label)
+        else:
+            why = "device peak unknown (CPU?)" if key == "mfu" else "not in the metrics"
+            ax.text(0.5, 0.5, f"no {label}: {why}", transform=ax.transAxes, ha="center")
+        ax.set(xlabel="step", ylabel=ylabel, title=f"{label} {title}".strip())
+        ax.grid(alpha=0.3)
+    return fig
 
 
 def _save(fig, path) -> None:
@@ -158,6 +189,7 @@ def build(metrics, stats, plan, eval_json, out_dir) -> None:
     recs = read_metrics(metrics)
     plan_d = json.loads(Path(plan).read_text())
     plot(recs, out / "loss.png", out / "lr.png", f"(run {plan_d['run']})")
+    _save(throughput_figure(recs, f"(run {plan_d['run']})"), out / "throughput.png")
     _write(out / "data.html", data_page(json.loads(Path(stats).read_text())))
     _write(out / "plan.html", plan_page(plan_d))
     _write(out / "eval.html", eval_page(json.loads(Path(eval_json).read_text()), recs))
@@ -170,6 +202,6 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--stats", required=True, help="data/stats.json")
     p.add_argument("--plan", required=True, help="plan.json")
     p.add_argument("--eval", required=True, help="eval.json")
-    p.add_argument("--out", required=True, help="folder for loss.png, lr.png, data.html, plan.html, eval.html")
+    p.add_argument("--out", required=True, help="folder for loss.png, lr.png, throughput.png, data.html, plan.html, eval.html")
     args = p.parse_args(argv)
     build(args.metrics, args.stats, args.plan, args.eval, args.out)

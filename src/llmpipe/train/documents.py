@@ -11,11 +11,24 @@ padding; llmpipe.data.pack) become the model inputs that keep every document to 
 Why an explicit mask and not transformers' packed-sequence detection (position_ids with no mask): the
 detection is a heuristic over position jumps that transformers may change between releases; the
 explicit mask says what we mean and works with SDPA, torch.compile and FSDP alike.
+
+Which attention kernel runs is chosen here, once (`attention_kernel`), and the mask follows the model's
+kernel (`model_inputs`):
+
+| where | document masking | kernel (attn_implementation) | mask |
+|---|---|---|---|
+| CUDA | on | flex_attention | `document_block_mask`: a BlockMask (per 128x128 tile), no L x L tensor |
+| CPU | on | sdpa | `document_mask`, dense [B, 1, L, L] (flex_attention has no backward on CPU) |
+| any | off | sdpa | none: causal (flash kernel on CUDA) |
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
+
+SDPA, FLEX = "sdpa", "flex_attention"  # transformers' attn_implementation names
 
 
 def document_positions(segment_ids: torch.Tensor) -> torch.Tensor:
@@ -36,13 +49,48 @@ def document_mask(segment_ids: torch.Tensor) -> torch.Tensor:
     return (seg[:, None, :, None] == seg[:, None, None, :]) & causal
 
 
-def model_inputs(batch: dict, device: torch.device, document_masking: bool) -> dict:
+def document_block_mask(segment_ids: torch.Tensor):
+    """flex_attention's BlockMask of `document_mask`'s rule (causal within a segment), built from the
+    [B, L] segment ids without an L x L tensor on CUDA (create_block_mask compiled, as torchtitan does)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    seg = segment_ids.long()
+
+    def same_document_causal(b, h, q, kv):
+        return (kv <= q) & (seg[b, q] == seg[b, kv])
+
+    build = _compiled_create_block_mask() if seg.is_cuda else create_block_mask
+    return build(same_document_causal, seg.shape[0], None, seg.shape[1], seg.shape[1], device=seg.device)
+
+
+@functools.cache
+def _compiled_create_block_mask():
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    return torch.compile(create_block_mask)
+
+
+def attention_kernel(device: torch.device, document_masking: bool) -> str:
+    """The attention kernel (transformers' attn_implementation) of a model run on `device`: flex_attention
+    with a BlockMask for document masking on CUDA, SDPA everywhere else (the table above). Callers log it."""
+    return FLEX if document_masking and device.type == "cuda" else SDPA
+
+
+def kernel_of(model) -> str:
+    """The attention kernel a transformers model runs (under DDP: its module's)."""
+    return getattr(model, "module", model).config._attn_implementation
+
+
+def model_inputs(batch: dict, device: torch.device, document_masking: bool, kernel: str = SDPA) -> dict:
     """The forward-pass keyword arguments of a view batch: input_ids, and with document masking the
-    block-diagonal mask and per-document positions (from the batch's segment_ids)."""
+    block-diagonal mask in the form `kernel` takes (flex_attention: a BlockMask; SDPA: a dense 4D mask)
+    and per-document positions (from the batch's segment_ids)."""
     inputs = {"input_ids": batch["input_ids"].to(device, non_blocking=True)}
     if document_masking:
+        if kernel not in (SDPA, FLEX):  # e.g. eager attention adds the mask to the scores: a boolean one masks nothing
+            raise ValueError(f"document masking needs attn_implementation {SDPA} or {FLEX}, not {kernel}")
         seg = batch["segment_ids"].to(device, non_blocking=True)
-        inputs["attention_mask"] = document_mask(seg)
+        inputs["attention_mask"] = document_block_mask(seg) if kernel == FLEX else document_mask(seg)
         inputs["position_ids"] = document_positions(seg)
     return inputs
 

@@ -2,9 +2,10 @@
 train / train_step / forward_backward split: the loop here decides when to validate, log, checkpoint and
 stop; a backend's trainer does one step (`train_step`), validation (`validate`) and checkpoints (`save`).
 
-A metrics record a step: step, loss, lr, grad_norm, tokens, epoch, tokens_per_s (+ val_loss, val_tokens
-at validation steps, + what the trainer's optional `step_metrics()` adds, e.g. the torch trainer's
-data_wait_s and step_s). Steps count from 1: step s is the state after s optimizer steps.
+A metrics record a step: step, loss, lr, grad_norm, tokens, epoch, tokens_per_s, tflops_per_device and
+mfu (llmpipe.train.throughput; null where unknown) (+ val_loss, val_tokens at validation steps, + what
+the trainer's optional `step_metrics()` adds, e.g. the torch trainer's data_wait_s and step_s).
+Steps count from 1: step s is the state after s optimizer steps.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Protocol
 
 from llmpipe.train.batching import Sampler
 from llmpipe.train.metrics import MetricsWriter
+from llmpipe.train.throughput import Throughput
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +41,13 @@ def due(done: int, interval: int, max_steps: int) -> bool:
 class StepLoop:
     """Runs steps start..train.max_steps of a trainer, writing metrics and logging on the main rank."""
 
-    def __init__(self, t: dict, sampler: Sampler, start: int, metrics: MetricsWriter, main: bool):
+    def __init__(
+        self, t: dict, sampler: Sampler, start: int, metrics: MetricsWriter, main: bool, throughput: Throughput | None = None
+    ):
         self.t, self.sampler, self.start, self.metrics, self.main = t, sampler, start, metrics, main
+        self.throughput = throughput
+        if main and throughput is not None:
+            log.info("%s", throughput.describe())
         self.tokens_per_step = t["global_batch_size"] * t["seq_len"]
         self.clock = time.perf_counter()
 
@@ -67,6 +74,7 @@ class StepLoop:
 
     def record(self, done: int, loss: float, lr: float, grad_norm: float | None) -> dict:
         elapsed = time.perf_counter() - self.clock
+        tokens_per_s = (done - self.start) * self.tokens_per_step / max(elapsed, 1e-9)
         return {
             "step": done,
             "loss": loss,
@@ -74,20 +82,23 @@ class StepLoop:
             "grad_norm": grad_norm,
             "tokens": done * self.tokens_per_step,
             "epoch": self.sampler.epoch_of(done, self.t["global_batch_size"]),
-            "tokens_per_s": (done - self.start) * self.tokens_per_step / max(elapsed, 1e-9),
+            "tokens_per_s": tokens_per_s,
+            **(self.throughput.fields(tokens_per_s) if self.throughput is not None else {}),
         }
 
     def log(self, record: dict) -> None:
         done, max_steps = record["step"], self.t["max_steps"]
         if self.main and (done % self.t["log_interval"] == 0 or done == max_steps or "val_loss" in record):
-            grad_norm = record["grad_norm"]
+            grad_norm, tflops, mfu = record["grad_norm"], record.get("tflops_per_device"), record.get("mfu")
             log.info(
-                "step %d/%d loss %.4f lr %.2e grad_norm %s %.0f tok/s%s",
+                "step %d/%d loss %.4f lr %.2e grad_norm %s %.0f tok/s%s%s%s",
                 done,
                 max_steps,
                 record["loss"],
                 record["lr"],
                 f"{grad_norm:.3f}" if grad_norm is not None else "-",
                 record["tokens_per_s"],
+                f" {tflops:.3g} TFLOP/s/device" if tflops is not None else "",
+                f" MFU {mfu:.1%}" if mfu is not None else "",
                 f" val_loss {record['val_loss']:.4f}" if "val_loss" in record else "",
             )

@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from llmpipe.data.pack import IGNORE_INDEX
+from llmpipe.train.cross_entropy import cross_entropy_sum
 
 
 def logits_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(sum of next-token cross-entropy over labelled positions, number of those positions): position i's
-    logits predict label i + 1; IGNORE_INDEX labels (padding) count for nothing."""
-    shift_logits = logits[:, :-1].float().reshape(-1, logits.shape[-1])
-    shift_labels = labels[:, 1:].reshape(-1).long()
-    loss = F.cross_entropy(shift_logits, shift_labels, ignore_index=IGNORE_INDEX, reduction="sum")
-    return loss, (shift_labels != IGNORE_INDEX).sum()
+    logits predict label i + 1; IGNORE_INDEX labels (padding) count for nothing. In float32 a chunk of
+    positions at a time (llmpipe.train.cross_entropy): no float32 copy of the whole logits."""
+    targets = torch.full_like(labels, IGNORE_INDEX)
+    targets[:, :-1] = labels[:, 1:]  # the last position predicts nothing
+    return cross_entropy_sum(logits, targets), (targets != IGNORE_INDEX).sum()
 
 
 def lm_loss_sum(
@@ -29,9 +29,10 @@ def lm_loss_sum(
     Without an attention mask: rows are packed (all real tokens) or padded only at the end, and causal
     attention never lets a real token see later padding. The colossal trainer passes the view's mask;
     the torch trainer's document masking a 4D block-diagonal mask and per-document position_ids
-    (llmpipe.train.documents).
+    (llmpipe.train.documents). No KV cache: without use_cache=False transformers builds one every
+    forward, and under torch.compile each decoder layer recompiles on its cache layer's state.
     """
-    inputs = {"input_ids": input_ids}
+    inputs = {"input_ids": input_ids, "use_cache": False}
     if attention_mask is not None:
         inputs["attention_mask"] = attention_mask
     if position_ids is not None:
@@ -59,8 +60,9 @@ def dataset_loss(
     row on its own, as the torch trainer trains it: llmpipe.train.documents)."""
     from tqdm import tqdm
 
-    from llmpipe.train.documents import model_inputs
+    from llmpipe.train.documents import SDPA, kernel_of, model_inputs
 
+    kernel = kernel_of(model) if document_masking else SDPA
     was_training = model.training
     model.eval()
     total, count = torch.zeros((), dtype=torch.float64), 0
@@ -68,7 +70,9 @@ def dataset_loss(
     for start in tqdm(starts, desc=progress, unit=" batches", mininterval=10, disable=progress is None):
         batch = dataset[start : start + batch_size]
         with torch.autocast(device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
-            loss, n = lm_loss_sum(model, labels=batch["labels"].to(device), **model_inputs(batch, device, document_masking))
+            loss, n = lm_loss_sum(
+                model, labels=batch["labels"].to(device), **model_inputs(batch, device, document_masking, kernel)
+            )
         total += loss.double().cpu()
         count += int(n)
     model.train(was_training)

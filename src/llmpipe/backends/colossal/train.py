@@ -48,6 +48,7 @@ from llmpipe.train.loss import label_count, lm_loss_sum, logits_loss_sum
 from llmpipe.train.metrics import MetricsWriter
 from llmpipe.train.optim import build_optimizer
 from llmpipe.train.resume import fingerprint, resume_state
+from llmpipe.train.throughput import throughput_of
 from llmpipe.train.view import load_view
 
 log = logging.getLogger(__name__)
@@ -491,7 +492,8 @@ def train(
     start = trainer.resume()
     metrics = MetricsWriter(Path(metrics_path), start, trainer.main)
     trainer.log_setup()
-    stopped, last_val = StepLoop(trainer.t, trainer.sampler, start, metrics, trainer.main).run(trainer, stop_after)
+    flops = throughput_of(trainer.hf_config.to_dict(), trainer.t["seq_len"], dist.get_world_size(), trainer.device)
+    stopped, last_val = StepLoop(trainer.t, trainer.sampler, start, metrics, trainer.main, flops).run(trainer, stop_after)
     summary = None if stopped else trainer.finish(Path(out_dir), start, last_val)
     dist.barrier()
     dist.destroy_process_group()

@@ -1,7 +1,7 @@
 """torch-train (torch backend): AdamW + warmup/cosine, grad clipping and accumulation, bf16 autocast where
 supported, resumable checkpoints, periodic validation, JSONL metrics. Runs alone or under torchrun:
 DDP (parallel.zero 0) or FSDP2 (parallel.zero 3, torch.distributed.fsdp.fully_shard, DCP checkpoints
-that resume on any number of processes), with activation checkpointing (parallel.activation_checkpointing),
+that resume on any number of processes; one process is not sharded), with activation checkpointing (parallel.activation_checkpointing),
 document masking of packed rows (train.document_masking), torch.compile (train.compile) and rows read
 by a background thread while the step runs (train.prefetch; the wait is the metric data_wait_s).
 
@@ -31,7 +31,7 @@ from llmpipe.io import atomic_path, write_json
 from llmpipe.train.batching import Sampler, grad_accum_steps
 from llmpipe.train.checkpoint import CheckpointError
 from llmpipe.train.cli import trainer_parser
-from llmpipe.train.documents import masking_wanted, model_inputs
+from llmpipe.train.documents import SDPA, attention_kernel, masking_wanted, model_inputs
 from llmpipe.train.guard import NonFiniteError, NonFiniteGuard
 from llmpipe.train.loop import StepLoop
 from llmpipe.train.loss import dataset_loss, label_count, lm_loss_sum
@@ -39,6 +39,7 @@ from llmpipe.train.metrics import MetricsWriter
 from llmpipe.train.optim import build_optimizer
 from llmpipe.train.prefetch import Prefetcher
 from llmpipe.train.resume import fingerprint, resume_state
+from llmpipe.train.throughput import throughput_of
 from llmpipe.train.view import load_view
 
 log = logging.getLogger(__name__)
@@ -90,11 +91,11 @@ def autocast_dtype(precision: str, device: torch.device):
     return None
 
 
-def load_model(init_dir: Path, device: torch.device, activation_checkpointing: bool = False):
+def load_model(init_dir: Path, device: torch.device, activation_checkpointing: bool = False, attention: str = SDPA):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(
-        str(init_dir), dtype=torch.float32, attn_implementation="sdpa", trust_remote_code=False
+        str(init_dir), dtype=torch.float32, attn_implementation=attention, trust_remote_code=False
     ).to(device)
     if activation_checkpointing:  # recompute each decoder layer in backward (non-reentrant: DDP, FSDP2, compile)
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -136,14 +137,18 @@ class Trainer:
         self.fsdp = (par.get("zero") or 0) == 3
         torch.set_num_threads(t["threads"])
         self.env = Dist(group=self.fsdp)
+        # zero 3 on one process: nothing to shard, and FSDP2 of one ran at 0.66x DDP (H100, micro 1): a plain
+        # module. Its checkpoints stay DCP (resumable on any number of processes), its fingerprint zero 3.
+        self.shard = self.fsdp and self.env.world > 1
         self.accum = grad_accum_steps(t["global_batch_size"], t["micro_batch_size"], self.env.world)
         self.amp = autocast_dtype(t["precision"], self.env.device)
         self.train_ds, self.val_ds = (ds.with_format("torch") for ds in load_view(data_dir, t))
         self.masking = masking_wanted(t["document_masking"], self.train_ds.column_names)
         self.sampler = Sampler(len(self.train_ds), t["seed"])
         torch.manual_seed(t["seed"])
-        self.model = load_model(init_dir, self.env.device, bool(par.get("activation_checkpointing")))
-        if self.fsdp:  # shard before the optimizer sees the parameters (it holds the shards)
+        self.attention = attention_kernel(self.env.device, self.masking)
+        self.model = load_model(init_dir, self.env.device, bool(par.get("activation_checkpointing")), self.attention)
+        if self.shard:  # shard before the optimizer sees the parameters (it holds the shards)
             fully_shard_model(self.model, self.amp)
         self.optimizer, self.scheduler = build_optimizer(self.model, t)
         # FSDP2 checkpoints are DCP shards, DDP's whole safetensors: neither resumes the other.
@@ -177,15 +182,16 @@ class Trainer:
         if self.env.main:
             log.info(
                 "world %d (%s), micro batch %d, grad accumulation %d, global batch %d, precision %s, %d parameters, "
-                "document masking %s, compile %s, activation checkpointing %s, prefetch %d",
+                "document masking %s, attention %s, compile %s, activation checkpointing %s, prefetch %d",
                 self.env.world,
-                "FSDP2" if self.fsdp else "DDP",
+                "FSDP2" if self.shard else "zero 3 with 1 process: not sharded" if self.fsdp else "DDP",
                 self.t["micro_batch_size"],
                 self.accum,
                 self.t["global_batch_size"],
                 self.amp or "fp32",
-                sum(p.numel() for p in self.model.parameters()) * (self.env.world if self.fsdp else 1),
+                sum(p.numel() for p in self.model.parameters()) * (self.env.world if self.shard else 1),
                 "on" if self.masking else "off",
+                self.attention,
                 "on" if self.t["compile"] else "off",
                 "on" if bool(self.cfg.get("parallel", {}).get("activation_checkpointing")) else "off",
                 self.t["prefetch"],
@@ -235,11 +241,11 @@ class Trainer:
         loss_sum = torch.zeros((), device=device)
         for i, batch in enumerate(batches):
             last = i == len(batches) - 1
-            if self.fsdp:  # reduce-scatter gradients only after the last micro batch
+            if self.shard:  # reduce-scatter gradients only after the last micro batch
                 self.model.set_requires_gradient_sync(last)
             sync = contextlib.nullcontext() if last or self.ddp is None else self.ddp.no_sync()
             with sync, self.autocast():
-                inputs = model_inputs(batch, device, self.masking)
+                inputs = model_inputs(batch, device, self.masking, self.attention)
                 part, _ = lm_loss_sum(self.net, labels=batch["labels"].to(device), **inputs)
                 # DDP and FSDP2 average gradients over ranks; scale so the result is the global token mean.
                 (part * self.env.world / global_count).backward()
@@ -285,13 +291,13 @@ class Trainer:
             "world_size": self.env.world,
             "precision": str(self.amp or "fp32"),
             "resumed_from_step": start,
-            "data_parallel": "fsdp2" if self.fsdp else "ddp",
+            "data_parallel": "fsdp2" if self.shard else "none (zero 3, 1 process)" if self.fsdp else "ddp",
             "document_masking": self.masking,
         }
         if last_val is None and (self.env.main or self.fsdp):  # resumed at max_steps: still report validation
             summary["final_val_loss"], _ = self.evaluate()
         state_dict = None
-        if self.fsdp:  # the whole weights, gathered from every rank's shards (collective)
+        if self.shard:  # the whole weights, gathered from every rank's shards (collective)
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
             state_dict = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
@@ -310,7 +316,9 @@ def train(cfg: dict, init_dir, data_dir, ckpt_root, metrics_path, out_dir, stop_
     trainer.distribute()
     metrics = MetricsWriter(Path(metrics_path), start, trainer.env.main, tensorboard=True)
     try:
-        stopped, last_val = StepLoop(trainer.t, trainer.sampler, start, metrics, trainer.env.main).run(trainer, stop_after)
+        flops = throughput_of(trainer.model.config.to_dict(), trainer.t["seq_len"], trainer.env.world, trainer.env.device)
+        loop = StepLoop(trainer.t, trainer.sampler, start, metrics, trainer.env.main, flops)
+        stopped, last_val = loop.run(trainer, stop_after)
     finally:
         if trainer.rows is not None:
             trainer.rows.close()
