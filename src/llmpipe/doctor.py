@@ -240,7 +240,8 @@ def credentials(cfg: dict) -> list[str]:
         if boto3.Session().get_credentials() is None:
             what = s3[0] if s3 else "the SageMaker job"
             out.append(f"credentials: no AWS credentials for {what} (fix: AWS_PROFILE, aws sso login, or an instance role)")
-    if sm and cfg["sagemaker"].get("role_arn") == EXAMPLE_ROLE:
+    real_aws = not os.environ.get("AWS_ENDPOINT_URL")  # an endpoint override (moto, LocalStack) takes any role
+    if sm and real_aws and cfg["sagemaker"].get("role_arn") == EXAMPLE_ROLE:
         out.append("credentials: sagemaker.role_arn is the example ARN (fix: your role in your --configfile)")
     if cfg["hub"]["release"]["enabled"]:
         from huggingface_hub import get_token
