@@ -257,15 +257,17 @@ def credentials(cfg: dict) -> list[str]:
     return out
 
 
-def _local_sources(cfg: dict) -> list[str]:
+def _patterns(cfg: dict) -> list[str]:
+    """Local data.sources patterns, but those the run writes itself (hub.datasets as Parquet)."""
     from llmpipe.data.mixture import paths as source_paths
+
+    made = Path(cfg["results_dir"]).as_posix() + "/"
+    return [s for s in source_paths(cfg["data"]["sources"]) if "://" not in s and not s.startswith(("hf:", made))]
+
+
+def _expand(pattern: str) -> list[str]:
     from llmpipe.data.sources import expand_sources
 
-    local = [s for s in source_paths(cfg["data"]["sources"]) if "://" not in s and not s.startswith("hf:")]
-    return [f for pattern in local for f in _expand(expand_sources, pattern)]
-
-
-def _expand(expand_sources, pattern: str) -> list[str]:
     try:
         return expand_sources([pattern])
     except FileNotFoundError:
@@ -274,19 +276,14 @@ def _expand(expand_sources, pattern: str) -> list[str]:
 
 def sources(cfg: dict) -> list[str]:
     """Local data.sources that match no file (rule get_data would stop on them)."""
-    from llmpipe.data.mixture import paths as source_paths
-    from llmpipe.data.sources import expand_sources
-
-    made = Path(cfg["results_dir"]).as_posix() + "/"  # written by the run itself (hub.datasets as Parquet)
-    local = [s for s in source_paths(cfg["data"]["sources"]) if "://" not in s and not s.startswith(("hf:", made))]
-    missing = [s for s in local if not _expand(expand_sources, s)]
+    missing = [s for s in _patterns(cfg) if not _expand(s)]
     return [f"data: source {s!r} matches no file here (fix: data.sources)" for s in missing]
 
 
 def _text_bytes(cfg: dict) -> int:
     """A bound on the text of the local sources (compressed files count 4x their size)."""
     total = 0
-    for src in _local_sources(cfg):
+    for src in (f for pattern in _patterns(cfg) for f in _expand(pattern)):
         path = Path(src)
         if path.is_file():
             total += path.stat().st_size * (4 if path.suffix in (".gz", ".zst", ".zstd") else 1)

@@ -11,11 +11,10 @@ names its key. A dotted key (`train.lr=1e-4`, accepted by `llmpipe check-config`
 
 from __future__ import annotations
 
-import copy
-
 import yaml
 
 from llmpipe import config as cfgmod
+from llmpipe.profiles import merge  # Snakemake's update_config rule, one place
 
 _KINDS = ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"), (list, "array"), (dict, "object"))
 
@@ -114,14 +113,7 @@ def parse(entries: list[str] | None) -> dict:
                 value = text
         for part in reversed(parts[1:]):
             value = {part: value}
-        out = _merge(out, {parts[0]: value})
-    return out
-
-
-def _merge(base: dict, over: dict) -> dict:
-    out = copy.deepcopy(base)
-    for key, value in over.items():
-        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+        out = merge(out, {parts[0]: value})
     return out
 
 
@@ -136,7 +128,7 @@ def user_layer(merged: dict, entries: list[str] | None) -> dict:
     cli = from_entries(entries)
     dotted = {e.partition("=")[0].strip() for e in entries or [] if "." in e.partition("=")[0]}
     base = {k: v for k, v in (merged or {}).items() if k not in dotted}
-    return _merge(base, cli)
+    return merge(base, cli)
 
 
 def snakemake_form(cli: dict) -> list[str]:
