@@ -14,7 +14,7 @@ from llmpipe.config import ConfigError, validate
 from llmpipe.data.mixture import paths as source_paths
 from llmpipe.data.readers import HF_PREFIX
 from llmpipe.data.tokenizer import TOKENIZER_FILES
-from llmpipe.data.tokenize import num_jobs as tokenize_jobs
+from llmpipe.data.tokenize import num_jobs as tokenize_jobs, shards_per_job
 from llmpipe.hub import is_hub_ref
 from llmpipe.train.resume import changed_settings
 from llmpipe.data.sources import expand_sources, stat_digest
@@ -47,7 +47,7 @@ if BACKEND in ("torch", "colossal"):  # before Snakemake deletes the old model t
     _changed = changed_settings(config, Path(RUN) / "checkpoints" / BACKEND, config["run"])
     if _changed:
         raise WorkflowError(_changed)
-TOKENIZE_JOBS = [f"{j:05d}" for j in range(tokenize_jobs(config["data"]))]  # each writes data.shards_per_job shards
+
 VIEWS = config["data"]["views"]
 # Every job runs `python -m llmpipe` from this checkout (no install needed inside conda envs).
 # Paths and config values reach the shell only quoted (`:q` in every rule, shlex.quote here).
@@ -73,6 +73,21 @@ def local_corpus():
     local = [s for s in source_paths(config["data"]["sources"]) if not s.startswith(HF_PREFIX) and "://" not in s]
     made = [s for s in local if s in HUB_DATASETS.values()]
     return made, expand_sources([s for s in local if s not in made])
+
+
+def source_count():
+    """How many sources get-data will list, as far as planning can see: local globs expanded, an hf:
+    dataset or a remote file 1, a remote glob as many as shards (listing it needs the network)."""
+    try:
+        made, given = local_corpus()
+    except FileNotFoundError:  # named by the rules that read it
+        return config["data"]["num_shards"]
+    rest = [s for s in source_paths(config["data"]["sources"]) if s.startswith(HF_PREFIX) or "://" in s]
+    many = any("*" in s or "?" in s or "[" in s or "{" in s for s in rest if not s.startswith(HF_PREFIX))
+    return config["data"]["num_shards"] if many else len(made) + len(given) + len(rest)
+
+
+
 
 
 def corpus_files(wildcards):
@@ -130,6 +145,12 @@ def tokenizer_inputs(wildcards):
 # are materialised as Parquet files (list those paths in data.sources).
 HUB_BASE = f"{RUN}/checkpoints/base"
 HUB_DATASETS = {d["name"]: f"{RUN}/data/hub/{d['name']}.parquet" for d in config["hub"]["datasets"]}
+# Tokenize jobs: fewer sources than shards (every shard reads every source) -> one job reading each source
+# once for all shards, its threads encoding; otherwise data.shards_per_job (null: at most 64 jobs).
+SHARDS_PER_JOB = shards_per_job(config["data"], source_count())
+TOKENIZE_JOBS = [f"{j:05d}" for j in range(tokenize_jobs(config["data"], per_job=SHARDS_PER_JOB))]
+_CORES = getattr(workflow.global_resources.get("_cores"), "value", None) or os.cpu_count() or 1
+TOKENIZE_THREADS = min(SHARDS_PER_JOB, _CORES) if len(TOKENIZE_JOBS) == 1 else 1
 if config["tokenizer"]["source"] == "base":  # the base model's own tokenizer (continued pre-training)
     config["tokenizer"]["source"] = HUB_BASE if is_hub_ref(config["model"]["init_from"]) else config["model"]["init_from"]
 

@@ -46,12 +46,13 @@ rule tokenize:
         f"{RUN}/logs/tokenize/job-{{job}}.log",
     conda:
         "../envs/torch.yaml"
-    threads: 1
+    threads: TOKENIZE_THREADS
     params:
         cfg=cfg_json("data", "tokenizer.backend"),
+        per_job=SHARDS_PER_JOB,
     shell:
         "python -m llmpipe tokenize --config {params.cfg:q} --sources {input.sources:q} --job {wildcards.job:q}"
-        " --tokenizer {input.tokenizer:q} --threads {threads} --out {output:q} > {log:q} 2>&1"
+        " --shards-per-job {params.per_job} --tokenizer {input.tokenizer:q} --threads {threads} --out {output:q} > {log:q} 2>&1"
 
 
 rule token_store:

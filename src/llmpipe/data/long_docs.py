@@ -313,7 +313,7 @@ def describe_doc(sources: Sequence[str], did: int) -> str:
 
 
 def write_pieces(writer, did: int, prefix: list[int], pieces: Pieces, suffix: list[int]) -> None:
-    """One long document into a token-store split writer (tokenize._SplitWriter) as its pieces are encoded:
+    """One long document into a token-store split writer (shard_set.SplitWriter) as its pieces are encoded:
     prefix + ids + suffix, in the writer's dtype, with its offset and doc id, as add_batch would write it."""
     import numpy as np
 

@@ -372,16 +372,26 @@ def make_encoder(
     (SAMPLE_CHARS in all) + PROBES (`tok`: the tokenizers.Tokenizer of `path`, if already
     loaded). `long_pretoken`: data.long_pretoken, for pre-tokens too long to encode (long_docs.py);
     `where`: the sample texts' origins, named if the tokenizer fails on one."""
+    hf, fast = encoders(path, backend, threads, tok, long_pretoken)
+    return fast if fast is not None and sample_agrees(hf, fast, backend, sample, where) else hf
+
+
+def encoders(path: str | Path, backend: str, threads: int = 1, tok=None, long_pretoken: str = "split"):
+    """(HF encoder, tiktoken encoder or None where tokenizer.backend or the tokenizer rules it out)."""
     hf = HFEncoder(path, threads, tok, long_pretoken)
     if backend == "hf":
-        return hf
+        return hf, None
     try:
-        fast = TiktokenEncoder(path, threads, hf)
+        return hf, TiktokenEncoder(path, threads, hf)
     except (ValueError, KeyError) as exc:
         if backend == "tiktoken":
             raise ValueError(f"tokenizer.backend is 'tiktoken' but {path} cannot use it: {exc}") from None
         log.warning("tiktoken backend not usable (%s): using the HF tokenizer", exc)
-        return hf
+        return hf, None
+
+
+def sample_agrees(hf, fast, backend: str, sample: list[str], where: list[str] | None = None) -> bool:
+    """Whether `fast` gives the HF ids on the heads of `sample` + PROBES (backend 'tiktoken': it must)."""
     head = max(SAMPLE_HEAD_CHARS, SAMPLE_CHARS // max(len(sample), 1))  # the HF side of the check costs ~0.4 s per MiB
     head = min(head, long_docs.LONG_DOC_CHARS)  # never a long document (those are encoded, and counted, piecewise)
     check = [t[:head] for t in sample] + PROBES
@@ -399,9 +409,9 @@ def make_encoder(
         if backend == "tiktoken":
             raise ValueError(msg)
         log.warning("%s: falling back to the HF tokenizer", msg)
-        return hf
+        return False
     log.info("tiktoken backend: ids equal to the HF tokenizer on %d sample texts", len(check))
-    return fast
+    return True
 
 
 # ---------------------------------------------------------------- tokenizer stage
