@@ -666,23 +666,27 @@ def build(
 
 
 def decompress_warning(d: dict) -> str | None:
-    """With fewer sources than data.num_shards every tokenize job reads every source; a compressed one
-    (no byte ranges to skip to) is then decompressed whole by every job."""
+    """With fewer sources than data.num_shards every shard reads every source; spread over several
+    tokenize jobs (data.shards_per_job set), a compressed one (no byte ranges to skip to) is
+    decompressed whole by every job. Null keeps them in one job that reads each source once."""
     from llmpipe.data.mixture import paths
     from llmpipe.data.readers import HF_PREFIX, _compression
     from llmpipe.data.sources import expand_sources
+    from llmpipe.data.tokenize import num_jobs
 
     try:
         sources = expand_sources(paths(d["sources"]))
     except (OSError, ValueError):  # not there yet: get-data names it
         return None
     packed = [s for s in sources if not s.startswith(HF_PREFIX) and _compression(s)]
-    if not packed or len(sources) >= d["num_shards"]:
+    jobs = num_jobs(d, len(sources))
+    if not packed or len(sources) >= d["num_shards"] or jobs == 1:
         return None
     return (
-        f"{len(sources)} source(s) for data.num_shards {d['num_shards']}: each of the {d['num_shards']} tokenize jobs "
-        f"decompresses all of {', '.join(packed[:3])}{' ...' if len(packed) > 3 else ''}; split the corpus into at least "
-        f"{d['num_shards']} files, or lower data.num_shards (docs/data.md, Sharding)"
+        f"{len(sources)} source(s) for data.num_shards {d['num_shards']} in {jobs} tokenize jobs (data.shards_per_job "
+        f"{d['shards_per_job']}): each job decompresses all of {', '.join(packed[:3])}{' ...' if len(packed) > 3 else ''}; "
+        f"leave data.shards_per_job null (one job reads each source once) or split the corpus into at least {jobs} "
+        "files (docs/data.md, Sharding)"
     )
 
 

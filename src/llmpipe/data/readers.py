@@ -4,6 +4,7 @@ Hugging Face dataset ("hf:<id or local folder>"), under an explicit bad-record p
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import re
@@ -54,12 +55,17 @@ class ReadStats:
     # encoded whole): counter -> count. Only non-zero counters appear.
     long: Counter = field(default_factory=Counter)
 
-    def skip(self, err: BadRecord) -> None:
+    def of(self, record_index: int) -> ReadStats:
+        """The stats a record's outcome goes to (this one; tokenize_job.ShardedStats routes by shard)."""
+        return self
+
+    def skip(self, err: BadRecord, quiet: bool = False) -> None:
         if isinstance(err, BadSource):
             seen = self.bad_sources.setdefault(err.reason, {})
             if err.where not in seen:
                 seen[err.where] = str(err)
-                log.warning("skipped source (%s) %s", err.reason, err)
+                if not quiet:
+                    log.warning("skipped source (%s) %s", err.reason, err)
             return
         self.skipped[err.reason] += 1
         shown = self.examples.setdefault(err.reason, [])
@@ -109,13 +115,53 @@ def _base_name(url: str) -> str:
     return name.rsplit(".", 1)[0] if _compression(url) else name
 
 
+# Bytes read from storage per source by this process (compressed bytes for .gz / .zst): a tokenize job's
+# read accounting (tokenize.py writes it beside its shards, the token store sums it: one read per byte).
+SOURCE_BYTES: Counter = Counter()
+
+
+class _Counted:
+    """A binary file whose reads add to SOURCE_BYTES[url]; everything else is the file's own."""
+
+    def __init__(self, fh, url: str):
+        self._fh, self._url = fh, url
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._fh.read(size)
+        SOURCE_BYTES[self._url] += len(data)
+        return data
+
+    def readinto(self, buf) -> int:
+        n = self._fh.readinto(buf)
+        SOURCE_BYTES[self._url] += n or 0
+        return n
+
+    def __getattr__(self, name: str):
+        return getattr(self._fh, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._fh.close()
+
+
+@contextlib.contextmanager
 def _open_raw(url: str, compression: str | None = None):
-    """A local path by the builtin open (fsspec's import costs every job ~0.08 s), anything else by fsspec."""
+    """A local path by the builtin open (fsspec's import costs every job ~0.08 s), anything else by fsspec.
+    Without `compression` the bytes read are counted in SOURCE_BYTES."""
     if "://" not in url and compression is None:
-        return open(url, "rb")
+        with open(url, "rb") as fh:
+            yield _Counted(fh, url)
+        return
     import fsspec
 
-    return fsspec.open(url, "rb", compression=compression)
+    if compression is not None:  # bz2 / xz: fsspec decompresses; count the compressed file's bytes under it
+        with fsspec.open(url, "rb") as raw, fsspec.compression.compr[compression](_Counted(raw, url), mode="rb") as fh:
+            yield fh
+        return
+    with fsspec.open(url, "rb") as fh:
+        yield _Counted(fh, url)
 
 
 @contextlib.contextmanager
@@ -594,7 +640,8 @@ def _strided_lines(fh, keep, stride: tuple[int, int], pos: list[int]):
     """_each_line's records for a shard that keeps only indices i with i % n == shard (stride (shard, n)) of
     an uncompressed stream: line ends, blank lines and record indices come from numpy over each block of
     whole lines, so the other shards' records cost no Python per line; (None, k) stands for k records not
-    parsed. Blocks holding a CR (CRLF or CR line ends) and the file's first block (a BOM) go line by line."""
+    parsed. Blocks holding a CR (CRLF or CR line ends) and the file's first block (a BOM) go line by line.
+    A line found longer than HUGE_RECORD_BYTES comes as a HugeLine (read on from `fh`), as from _lines."""
     import numpy as np
 
     shard, n = stride
@@ -603,10 +650,15 @@ def _strided_lines(fh, keep, stride: tuple[int, int], pos: list[int]):
     while True:
         chunk = fh.read(STRIDE_BLOCK)
         buf += chunk
-        cut = buf.rfind(b"\n") + 1 if chunk else len(buf)  # whole lines (the last, at the end, maybe unended)
+        # whole lines: up to the last LF, or a CR that is not the last byte (an LF may follow it); at the end all
+        cut = max(buf.rfind(b"\n"), buf.rfind(b"\r", 0, len(buf) - 1)) + 1 if chunk else len(buf)
         if not cut:
             if not chunk:
                 return
+            if len(buf) > HUGE_RECORD_BYTES:  # one line too long to hold: its record, if any, goes on as a stream
+                huge, buf = HugeLine(buf, fh, STRIDE_BLOCK), b""
+                yield from _each_line([huge], keep, pos, pos[0])
+                buf, first = huge.finish(), False  # the bytes read past its end
             continue
         block, buf = buf[:cut], buf[cut:]
         if first or b"\r" in block:
@@ -781,21 +833,65 @@ def broken(source: str, exc: BaseException, reached: str | None) -> BadSource:
     return BadSource("damaged_source", source, f"unreadable after {reached} ({what}); the rest of the file is lost")
 
 
-def _parquet(url: str, text_field: str) -> Iterator[tuple[str, object]]:
+PARQUET_BATCH = 256  # rows decoded at a time
+
+
+def _parquet_file(fh):
+    """A ParquetFile over a binary file object, read in bounded memory: each column chunk streamed in
+    HUGE_CHUNK pieces, not pre-buffered (pyarrow's default pre_buffer kept the column chunks read from a
+    Python file object: peak RSS grew with the file, +56 MB at 100 MB of text)."""
     import pyarrow.parquet as pq
 
+    return pq.ParquetFile(fh, metadata=_parquet_footer(fh), pre_buffer=False, buffer_size=HUGE_CHUNK)
+
+
+def _parquet_footer(fh):
+    """The file's metadata, read exactly (its leading magic, the footer and its length): pyarrow's own
+    open reads the last 64 KiB, then the column chunks there again. None: not a well-formed tail (pyarrow
+    then opens it and names what is wrong)."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    size = fh.seek(0, 2)
+    fh.seek(0)
+    if size < 12 or fh.read(4) != b"PAR1":
+        return None
+    fh.seek(size - 8)
+    tail = fh.read(8)
+    n = int.from_bytes(tail[:4], "little")
+    if tail[4:] != b"PAR1" or n + 12 > size:
+        return None
+    fh.seek(size - 8 - n)
+    meta = pq.read_metadata(io.BytesIO(b"PAR1" + fh.read(n) + tail))
+    fh.seek(0)
+    return meta
+
+
+def _parquet_values(pf, column: str) -> Iterator[object]:
+    """The values of one column, PARQUET_BATCH rows at a time."""
+    import pyarrow as pa
+
+    pool = pa.default_memory_pool()
+    for batch in pf.iter_batches(columns=[column], batch_size=PARQUET_BATCH, use_threads=False):
+        values = batch.column(0).to_pylist()
+        del batch
+        pool.release_unused()
+        yield from values
+
+
+def _parquet(url: str, text_field: str) -> Iterator[tuple[str, object]]:
     with _open_raw(url) as fh:
-        pf = pq.ParquetFile(fh)
+        pf = _parquet_file(fh)
         if text_field not in pf.schema_arrow.names:
             raise BadSource("missing_field", url, f"no '{text_field}' column (columns: {', '.join(pf.schema_arrow.names)})")
-        row = 0
-        for batch in pf.iter_batches(columns=[text_field], batch_size=256):
-            for value in batch.column(0).to_pylist():
-                yield f"{url}:row {row}", value
-                row += 1
+        for row, value in enumerate(_parquet_values(pf, text_field)):
+            yield f"{url}:row {row}", value
 
 
 PARAGRAPH_BREAK = re.compile(r"(?:\r\n|\r|\n){2}")  # an empty line, in any newline style
+_BREAK_BYTES = re.compile(PARAGRAPH_BREAK.pattern.encode())  # the same on UTF-8 (CR, LF never inside a sequence)
+BREAK_READS = 4  # bytes a PARAGRAPH_BREAK match attempt at p reads at most (p .. p + 3)
 
 
 def _read_at_least(fh, n: int) -> bytes:
@@ -827,12 +923,73 @@ def _huge_text(url: str) -> object:
     return StreamedText(lambda: _decoded(_file_chunks(url)), tally.chars, tally.nbytes, tally.nul, tally.blank)
 
 
+class _PieceSpool:
+    """A paragraph too long to hold, spooled (decoded, counted) as its bytes come."""
+
+    def __init__(self):
+        import codecs
+
+        self.tally, self.dec = _Tally(True), codecs.getincrementaldecoder("utf-8")()
+
+    def add(self, data: bytes) -> None:
+        self.tally.add(self.dec.decode(data))
+
+    def text(self, data: bytes) -> StreamedText:
+        self.tally.add(self.dec.decode(data, final=True))
+        return self.tally.text()
+
+
+def _paragraph_pieces(chunks: Iterator[bytes]) -> Iterator[str | StreamedText]:
+    """PARAGRAPH_BREAK.split of the whole text of `chunks` (valid UTF-8), piece by piece: a str, or a StreamedText
+    for a piece over HUGE_RECORD_BYTES. A break is taken once BREAK_READS bytes from its start are in: the
+    regex then matches there as it does on the whole text."""
+    buf, scan, spool = b"", 0, None  # scan: no break starts in buf before it; spool: the piece is too long
+    for chunk in chunks:
+        buf += chunk
+        start, final = 0, len(buf) - BREAK_READS + 1  # a match starting before `final` is the whole text's
+        for m in _BREAK_BYTES.finditer(buf, scan):
+            if m.start() >= final:
+                break
+            yield buf[start : m.start()].decode("utf-8") if spool is None else spool.text(buf[start : m.start()])
+            spool, start = None, m.end()
+        scan = max(start, final)
+        if spool is None and scan - start > HUGE_RECORD_BYTES:
+            spool = _PieceSpool()
+        if spool is not None:
+            spool.add(buf[start:scan])
+            start = scan
+        buf, scan = buf[start:], scan - start
+    last = _BREAK_BYTES.split(buf)  # the rest: the breaks in it, then the last piece
+    for piece in last[:-1]:
+        yield piece.decode("utf-8") if spool is None else spool.text(piece)
+        spool = None
+    yield last[-1].decode("utf-8") if spool is None else spool.text(last[-1])
+
+
+def _streamed_paragraphs(url: str) -> Iterator[tuple[str, object]]:
+    """text_mode: paragraph for a file over HUGE_RECORD_BYTES, read in HUGE_CHUNK pieces: checked for invalid
+    UTF-8 first (the whole-file read gives one BadRecord and no paragraph), then read again and split as the
+    whole text is, with the same paragraph indices."""
+    bad = []
+    for _ in _decoded(_file_chunks(url), 0, bad):
+        pass
+    if bad:
+        yield url, BadRecord("invalid_utf8", url, f"invalid UTF-8 at byte {bad[0]}")
+        return
+    for i, para in enumerate(_paragraph_pieces(_file_chunks(url))):
+        if not (para.blank if isinstance(para, StreamedText) else not para or para.isspace()):
+            yield f"{url}:paragraph {i}", para
+
+
 def _text(url: str, mode: str) -> Iterator[tuple[str, object]]:
     with _open_binary(url) as fh:
-        raw = _read_at_least(fh, HUGE_RECORD_BYTES + 1) if mode == "file" else fh.read()
-    if len(raw) > HUGE_RECORD_BYTES:  # mode file: the document is streamed
+        raw = _read_at_least(fh, HUGE_RECORD_BYTES + 1)
+    if len(raw) > HUGE_RECORD_BYTES:  # streamed: the document (mode file) or the paragraphs
         del raw
-        yield url, _huge_text(url)
+        if mode == "file":
+            yield url, _huge_text(url)
+        else:
+            yield from _streamed_paragraphs(url)
         return
     try:
         text = raw.decode("utf-8-sig")  # without a leading byte order mark
@@ -847,18 +1004,78 @@ def _text(url: str, mode: str) -> Iterator[tuple[str, object]]:
             yield f"{url}:paragraph {i}", para
 
 
+_MISSING = object()  # a record without the text field
+
+
 def _hf(spec: str, cfg: dict) -> Iterator[tuple[str, object]]:
+    field = cfg["text_field"]
+    for i, value in enumerate(_hf_values(spec[len(HF_PREFIX) :], cfg)):
+        where = f"{spec}[{i}]"
+        yield where, BadRecord("missing_field", where, f"no '{field}' field") if value is _MISSING else value
+
+
+def _hf_values(path: str, cfg: dict) -> Iterator[object]:
+    """The text field's value (or _MISSING) of each record of a Hugging Face dataset, in order. In bounded
+    memory: a local save_to_disk folder (_saved_values) and, streaming, local Parquet data files (read as
+    _parquet reads: datasets decodes a whole row group at once); the rest through datasets, streaming or
+    not (its Arrow cache, memory-mapped)."""
+    import os
+
+    if os.path.isfile(os.path.join(path, "state.json")) or os.path.isfile(os.path.join(path, "dataset_dict.json")):
+        yield from _saved_values(path, cfg)
+        return
     import datasets
 
-    ds = datasets.load_dataset(
-        spec[len(HF_PREFIX) :], cfg["hf_config"], split=cfg["hf_split"], revision=cfg["hf_revision"], streaming=cfg["streaming"]
-    )
-    for i, record in enumerate(ds):
-        where = f"{spec}[{i}]"
-        if cfg["text_field"] not in record:
-            yield where, BadRecord("missing_field", where, f"no '{cfg['text_field']}' field")
-        else:
-            yield where, record[cfg["text_field"]]
+    field, split = cfg["text_field"], cfg["hf_split"]
+    if not cfg["streaming"]:
+        ds = datasets.load_dataset(path, cfg["hf_config"], split=split, revision=cfg["hf_revision"])
+    else:
+        builder = datasets.load_dataset_builder(path, cfg["hf_config"], revision=cfg["hf_revision"])
+        files = {str(name): list(found) for name, found in (builder.config.data_files or {}).items()}
+        if _local_parquet(builder, files.get(split)):
+            for file in files[split]:
+                with open(file, "rb") as fh:
+                    pf = _parquet_file(fh)
+                    if field in pf.schema_arrow.names:
+                        yield from _parquet_values(pf, field)
+                    else:
+                        yield from itertools.repeat(_MISSING, pf.metadata.num_rows)
+            return
+        ds = builder.as_streaming_dataset(split=split)
+    for record in ds:
+        yield record[field] if field in record else _MISSING
+
+
+def _local_parquet(builder, files: list | None) -> bool:
+    """datasets would stream these local Parquet files as they are (no filter, column choice or features)."""
+    conf = builder.config
+    plain = getattr(conf, "filters", None) is None and getattr(conf, "columns", None) is None and conf.features is None
+    return builder.name == "parquet" and plain and bool(files) and not any("://" in str(f) for f in files)
+
+
+def _saved_values(path: str, cfg: dict) -> Iterator[object]:
+    """A folder written by datasets' save_to_disk (a Dataset; or a DatasetDict: its `hf_split`), read file by
+    file, record batch by record batch, as load_from_disk orders it (which would memory-map the files)."""
+    import os
+
+    import pyarrow as pa
+
+    if os.path.isfile(os.path.join(path, "dataset_dict.json")):
+        with open(os.path.join(path, "dataset_dict.json")) as fh:
+            splits = json.load(fh)["splits"]
+        if cfg["hf_split"] not in splits:
+            raise ValueError(f"hf:{path}: no split {cfg['hf_split']!r} (data.hf_split; splits: {', '.join(splits)})")
+        path = os.path.join(path, cfg["hf_split"])
+    with open(os.path.join(path, "state.json")) as fh:
+        names = [entry["filename"] for entry in json.load(fh)["_data_files"]]
+    field = cfg["text_field"]
+    for name in names:
+        with open(os.path.join(path, name), "rb") as fh:
+            for batch in pa.ipc.open_stream(fh):
+                if field in batch.schema.names:
+                    yield from batch.column(field).to_pylist()
+                else:
+                    yield from itertools.repeat(_MISSING, batch.num_rows)
 
 
 def records(source: str, cfg: dict, keep=None, stride=None, part=None, tally=None) -> Iterator[tuple[str | None, object]]:
@@ -931,6 +1148,8 @@ def documents(
     stride (shard, n): a promise that `keep` accepts only indices i with i % n == shard.
     part (sources.ByteRange): read only that byte range of a plain JSONL file (its records, numbered as
     in the whole file); the bytes read go to stats.bytes_read.
+    stats: a ReadStats, or one per shard behind the same calls (tokenize_job.ShardedStats: `of(record
+    index)` is the record's shard's, `skip(BadSource)` counts a broken source in each shard).
     streamed: a record over HUGE_RECORD_BYTES comes as a StreamedText (read in bounded memory), else as a str.
     """
     limit = cfg["max_records_per_source"]
@@ -949,18 +1168,19 @@ def documents(
                 if not keep(index - 1):
                     continue
                 result = check(where, value, cfg)
+                mine = stats.of(index - 1)
                 if isinstance(result, BadRecord):
                     if cfg["on_bad_record"] == "fail" and result.reason != "empty":
                         raise result
-                    stats.skip(result)
+                    mine.skip(result)
                     continue
-                stats.documents += 1
+                mine.documents += 1
                 if isinstance(result, StreamedText):
-                    stats.bytes += result.nbytes
+                    mine.bytes += result.nbytes
                     if not streamed:
                         result = result.read()
                 else:
-                    stats.bytes += len(result) if result.isascii() else len(result.encode("utf-8", "surrogatepass"))
+                    mine.bytes += len(result) if result.isascii() else len(result.encode("utf-8", "surrogatepass"))
                 yield index - 1, result
         except Exception as exc:
             if isinstance(exc, BadRecord) or not is_read_error(exc):

@@ -32,8 +32,11 @@ def fingerprint_part(entry: dict) -> bytes:
     return json.dumps({**entry, "file": Path(entry["file"]).name}, sort_keys=True).encode()
 
 
-def build_manifest(shards: list[str | Path], out: str | Path, sources_key: str | None = None, mix: dict | None = None) -> dict:
-    """`mix`: the mixture plan of sources.json, for per-group counts (per-source counts are always made)."""
+def build_manifest(
+    shards: list[str | Path], out: str | Path, sources_key: str | None = None, mix: dict | None = None, reads: dict | None = None
+) -> dict:
+    """`mix`: the mixture plan of sources.json, for per-group counts (per-source counts are always made);
+    `reads`: source_reads() of the tokenize jobs."""
     shards, out = [Path(s) for s in shards], Path(out)
     entries, tokenizer = [], None
     totals = {s: {"documents": 0, "tokens": 0} for s in SPLITS}
@@ -85,6 +88,7 @@ def build_manifest(shards: list[str | Path], out: str | Path, sources_key: str |
         "fingerprint": digest.hexdigest(),
         "by_source": by_source,  # source index (sources.json order) -> split -> documents, tokens stored
         **({"by_group": mixture.group_counts(by_source, mix)} if mix else {}),
+        **({"source_reads": reads} if reads else {}),
     }
     write_json(out, manifest)
     log.info("token store %s: %s; read %s", out.parent, totals, manifest["read"])
@@ -160,6 +164,34 @@ def shard_files(paths: list[str]) -> list[Path]:
     return out
 
 
+SHOW_OVER_READ = 20
+
+
+def source_reads(job_dirs: list[Path], sources_json: str | Path) -> dict | None:
+    """Bytes the tokenize jobs read from the sources (their read.json) against the sources' sizes: ratio
+    1.0 is one read of every byte. Sources read more (or less) than once are listed, the first 20."""
+    from llmpipe.data.tokenize import READ_FILE
+
+    files = [d / READ_FILE for d in job_dirs if (d / READ_FILE).is_file()]
+    if not files:
+        return None
+    read: dict[str, int] = {}
+    for f in files:
+        for src, n in json.loads(f.read_text())["bytes_read"].items():
+            read[src] = read.get(src, 0) + n
+    sizes = {e["source"]: e.get("size") for e in json.loads(Path(sources_json).read_text())["sources"]}
+    sized = {src: size for src, size in sizes.items() if size}
+    total, got = sum(sized.values()), sum(read.get(src, 0) for src in sized)
+    other = {src: {"size": size, "bytes_read": read.get(src, 0)} for src, size in sized.items() if read.get(src, 0) != size}
+    return {
+        "source_bytes": total,
+        "bytes_read": got,
+        "ratio": round(got / total, 4) if total else None,
+        "not_read_once": dict(list(other.items())[:SHOW_OVER_READ]),
+        "not_read_once_total": len(other),
+    }
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="llmpipe token-store", description=__doc__)
     p.add_argument("--shards", nargs="+", required=True, help="token shards, or tokenize job folders of them, in order")
@@ -167,4 +199,5 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", required=True, help="manifest.json to write (beside the shards)")
     args = p.parse_args(argv)
     key = json.loads(Path(args.sources).read_text())["key"] if args.sources else None
-    build_manifest(shard_files(args.shards), args.out, key, mixture.load(args.sources) if args.sources else None)
+    reads = source_reads([Path(p) for p in args.shards if Path(p).is_dir()], args.sources) if args.sources else None
+    build_manifest(shard_files(args.shards), args.out, key, mixture.load(args.sources) if args.sources else None, reads)

@@ -1,0 +1,119 @@
+"""One read of every source byte per run (H3): a tokenize job reads each source once and deals its records
+to its shards, in this process or in worker processes; every shard is byte for byte the one a one-shard job
+writes, whatever the grouping; the bytes read (read.json, summed in the store's manifest) equal the
+sources' sizes for .jsonl.gz, .jsonl.zst, plain .jsonl, paragraph .txt and Parquet."""
+
+import gzip
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import zstandard
+
+from llmpipe.data import stfile
+from llmpipe.data.get_data import get_data, load_sources, sources_key
+from llmpipe.data.token_store import main as token_store_main
+from llmpipe.data.tokenize import job_shards, num_jobs, shard_name, tokenize_job, tokenize_shard
+from llmpipe.data.tokenizer import copy_tokenizer
+from tests.conftest import GPT2, corpus_docs, tiny_config
+
+SHARDS = 5
+DOCS = corpus_docs(60)
+
+
+def _write(kind: str, folder) -> str:
+    lines = "".join(json.dumps({"text": d}) + "\n" for d in DOCS).encode()
+    if kind == "gz":
+        path = folder / "corpus.jsonl.gz"
+        path.write_bytes(gzip.compress(lines))
+    elif kind == "zst":
+        path = folder / "corpus.jsonl.zst"
+        path.write_bytes(zstandard.ZstdCompressor().compress(lines))
+    elif kind == "jsonl":
+        path = folder / "corpus.jsonl"
+        path.write_bytes(lines)
+    elif kind == "txt":
+        path = folder / "corpus.txt"
+        path.write_text("\n\n".join(d.replace("\n\n", "\n") for d in DOCS), encoding="utf-8")
+    else:
+        path = folder / "corpus.parquet"
+        pq.write_table(pa.table({"text": DOCS}), path, row_group_size=16)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tok") / "gpt2"
+    copy_tokenizer(GPT2, out)
+    return str(out)
+
+
+def _setup(tmp_path, kind: str, per_job=None):
+    source = _write(kind, tmp_path)
+    data = {"sources": [source], "num_shards": SHARDS, "shards_per_job": per_job, "text_mode": "paragraph"}
+    cfg = tiny_config(tmp_path, data=data, tokenizer={"source": str(tmp_path / "tok")})
+    get_data(cfg["data"], tmp_path / "sources.json")
+    return cfg, source
+
+
+@pytest.mark.parametrize("kind", ["gz", "zst", "jsonl", "txt", "parquet"])
+def test_one_job_reads_each_byte_once_and_writes_the_shards_of_one_shard_jobs(tmp_path, tok, kind):
+    cfg, source = _setup(tmp_path, kind)
+    sources = str(tmp_path / "sources.json")
+    alone = tmp_path / "alone"
+    for s in range(SHARDS):
+        tokenize_shard(cfg, load_sources(sources), s, tok, alone / shard_name(s), sources_key=sources_key(sources))
+    for threads in (1, 2):
+        job = tmp_path / f"job-t{threads}"
+        tokenize_job(cfg, sources, 0, tok, job, threads, per_job=SHARDS)
+        for s in range(SHARDS):
+            assert (job / shard_name(s)).read_bytes() == (alone / shard_name(s)).read_bytes(), (kind, threads, s)
+        read = json.loads((job / "read.json").read_text())["bytes_read"]
+        assert read == {source: (tmp_path / source).stat().st_size}, (kind, threads)
+    documents = [json.loads(stfile.header(alone / shard_name(s))[0]["__metadata__"]["counts"]) for s in range(SHARDS)]
+    assert all(c["train"]["documents"] > 0 for c in documents)  # every shard got its share
+
+
+def test_manifest_counts_reads_and_names_a_grouping_that_reads_twice(tmp_path, tok):
+    cfg, source = _setup(tmp_path, "gz", per_job=3)  # 5 shards in jobs of 3 + 2: two reads
+    sources = str(tmp_path / "sources.json")
+    d = cfg["data"]
+    jobs = [tmp_path / "tokens" / f"job-{j:05d}" for j in range(num_jobs(d))]
+    for j, folder in enumerate(jobs):
+        assert len(job_shards(d, j)) in (3, 2)
+        tokenize_job(cfg, sources, j, tok, folder, 1)
+    out = tmp_path / "tokens" / "manifest.json"
+    token_store_main(["--shards", *map(str, jobs), "--sources", sources, "--out", str(out)])
+    reads = json.loads(out.read_text())["source_reads"]
+    size = (tmp_path / "corpus.jsonl.gz").stat().st_size
+    assert reads["source_bytes"] == size and reads["bytes_read"] == 2 * size and reads["ratio"] == 2.0
+    assert reads["not_read_once"] == {source: {"size": size, "bytes_read": 2 * size}}
+
+    one = tmp_path / "one"
+    tokenize_job(cfg, sources, 0, tok, one / "job-00000", 2, per_job=SHARDS)
+    token_store_main(["--shards", str(one / "job-00000"), "--sources", sources, "--out", str(one / "manifest.json")])
+    manifest, grouped = json.loads((one / "manifest.json").read_text()), json.loads(out.read_text())
+    assert manifest["source_reads"]["ratio"] == 1.0 and manifest["source_reads"]["not_read_once"] == {}
+    assert manifest["fingerprint"] == grouped["fingerprint"] and manifest["totals"] == grouped["totals"]
+
+
+def test_a_worker_failure_stops_the_job_naming_it(tmp_path, tok, monkeypatch):
+    cfg, _ = _setup(tmp_path, "jsonl")
+    cfg["data"]["on_bad_record"] = "fail"
+    bad = tmp_path / "corpus.jsonl"
+    bad.write_text(bad.read_text() + '{"text": 5}\n')
+    get_data(cfg["data"], tmp_path / "sources.json")
+    with pytest.raises(Exception, match="not a string"):
+        tokenize_job(cfg, str(tmp_path / "sources.json"), 0, tok, tmp_path / "job", 2, per_job=SHARDS)
+    assert not list((tmp_path / "job").glob("*shard-*"))  # no shard that looks complete, no temporary file
+
+
+def test_plan_warns_only_when_a_grouping_reads_a_compressed_source_again(tmp_path):
+    from llmpipe.plan import decompress_warning
+
+    source = _write("gz", tmp_path)
+    d = {"sources": [source], "num_shards": 16, "shards_per_job": None}
+    assert decompress_warning(d) is None  # one job reads it once
+    warning = decompress_warning({**d, "shards_per_job": 4})
+    assert "in 4 tokenize jobs" in warning and "corpus.jsonl.gz" in warning and "null" in warning
