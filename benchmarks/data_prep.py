@@ -6,8 +6,8 @@
 Seeds' recipe (neuronx-distributed examples/training/llama/get_dataset.py): datasets.load_dataset(json)
 + map(tokenize, batched, num_proc=2) + map(group_texts, num_proc=2) + save_to_disk, GPT-2, 4096.
 Ours: the CLI commands the Snakemake rules run, in the order `snakemake --cores 2` runs their DAG:
-get-data and tokenizer at once (a local tokenizer does not need sources.json), then tokenize (2 shard
-jobs at once, 1 thread each), token-store, pack hf. Each variant runs in its own process tree, the
+get-data and tokenizer at once (a local tokenizer does not need sources.json), then tokenize (as the DAG
+groups 2 shards: one source -> one job reading it once, 2 worker processes; more -> 2 jobs at once), token-store, pack hf. Each variant runs in its own process tree, the
 variants taking turns; peak RSS is the largest sum over that tree, sampled every 50 ms. Prints wall s,
 tokens/s, peak RSS, the ratios, our time per stage, and the HF tokenizer alone on text in memory.
 For chunks it also times the floor of any 2-job tokenize step (worker_floor) and what our paths could
@@ -172,6 +172,10 @@ def worker_ours(corpus: str, work: Path, backend: str, records: int | None, copi
         ["tokenizer", "--config", cfg, "--out", str(work / "tok")],
     )
     lap("get-data+tokenizer")
+    # the DAG's grouping (rules/common.smk): 1 source -> one job reading it once, 2 worker processes;
+    # 2+ sources -> whole sources, 2 jobs of 1 thread at once
+    per_job = 2 if len(sources) < 2 else 1  # tokenize.shards_per_job for 2 shards (not imported: timed process)
+    jobs, threads = 2 // per_job, (2 if per_job == 2 else 1)
     together(
         *[
             [
@@ -182,19 +186,23 @@ def worker_ours(corpus: str, work: Path, backend: str, records: int | None, copi
                 str(work / "sources.json"),
                 "--job",
                 str(i),
+                "--shards-per-job",
+                str(per_job),
+                "--threads",
+                str(threads),
                 "--tokenizer",
                 str(work / "tok"),
                 "--out",
                 str(store / f"job-{i:05d}"),
             ]
-            for i in range(2)
+            for i in range(jobs)
         ]
     )
     lap("tokenize")
     run(
         "token-store",
         "--shards",
-        *[str(store / f"job-{i:05d}") for i in range(2)],
+        *[str(store / f"job-{i:05d}") for i in range(jobs)],
         "--sources",
         str(work / "sources.json"),
         "--out",

@@ -305,7 +305,7 @@ def test_planning_dag_labels_say_what_each_rule_asks_for(trn1_dag):
     assert train[2] == f"plan: {cfg['train']['max_steps']:,} steps x {cfg['train']['global_batch_size'] * 4096:,} tokens"
     assert train[3].startswith(f"trn1.32xlarge x {nodes}: ") and f"${plan['hardware'][0]['cost_usd']:,.0f}" in train[3]
     assert result["labels"]["download_model"] == ["1 job(s) on the submit host"]
-    assert result["labels"]["tokenize"][0] == f"{tokenize_jobs(cfg['data'])} job(s)"
+    assert result["labels"]["tokenize"][0] == f"{tokenize_jobs(cfg['data'], n_sources=len(cfg['data']['sources']))} job(s)"
     assert ("download_model", "tokenizer") in result["edges"] and ("train_neuron", "neuron_merge") in result["edges"]
 
 

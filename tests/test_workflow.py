@@ -48,7 +48,7 @@ def test_dry_run_lists_every_stage(workdir):
         "evaluate",
     ):
         assert f"rule {rule}:" in proc.stdout, rule
-    assert proc.stdout.count("rule tokenize:") == 2  # one job per shard (scatter)
+    assert proc.stdout.count("rule tokenize:") == 1  # one source, 2 shards: one job reads it once for both
 
 
 def test_lint_is_clean():

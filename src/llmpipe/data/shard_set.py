@@ -15,6 +15,7 @@ import hashlib
 import json
 import logging
 import os
+import time
 from array import array
 from collections import Counter
 from itertools import accumulate
@@ -169,6 +170,7 @@ class ShardSet:
         self.outs = {s: ShardOutput(s, p, self.dtype, lazy) for s, p in outs.items()}
         self.pending: list[tuple] = []
         self.chars = 0
+        self.start = time.time()
 
     def stats(self, shard: int) -> ReadStats:
         return self.outs[shard].stats
