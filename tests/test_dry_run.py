@@ -84,7 +84,7 @@ def test_dag_script_writes_mermaid_and_svg(checkout, tmp_path):
     for rule in ("get_data", "tokenize", "train_torch", "plan", "report_items"):
         assert f"[{rule}]" in rulegraph, rule
     dag = (tmp_path / "dag.mmd").read_text()
-    assert dag.count("[tokenize - job:") == 2  # one node per tokenize job (data.num_shards: 2, one shard a job)
+    assert dag.count("[tokenize - job:") == 1  # one node per tokenize job (1 source, 2 shards: one job reads it once)
     if not shutil.which("dot"):
         pytest.skip("Graphviz's dot is not installed: mermaid only (apt-get install graphviz for SVG)")
     svg = (tmp_path / "dag.svg").read_text()

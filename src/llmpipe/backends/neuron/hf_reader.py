@@ -2,20 +2,21 @@
 
 safetensors (single file or sharded with model.safetensors.index.json): the header gives each
 tensor's dtype, shape and byte range; a row range is one `os.pread`, a column range is read in blocks
-of rows. Nothing is memory-mapped: pages of a mapping count in the process's RSS once touched, so a
-mapped 1B model would show ~1x its size in RSS after one pass, while pread leaves only the slices
-we keep (the kernel's page cache is not the process's memory). `.bin` checkpoints (torch.save) are
-opened with torch.load(weights_only=True, mmap=True).
+of rows. `.bin` checkpoints (torch.save) the same way, at the offsets torchfile finds. Nothing is
+memory-mapped: pages of a mapping count in the process's RSS once touched, so a mapped 1B model would
+show ~1x its size in RSS after one pass, while pread leaves only the slices we keep (the kernel's
+page cache is not the process's memory).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import struct
 from pathlib import Path
 
 import torch
+
+from llmpipe.backends.neuron import torchfile
 
 DTYPES = {
     "F64": torch.float64,
@@ -42,6 +43,12 @@ class _SafetensorsFile:
         self.base = 8 + n
         self.entries = header
 
+    def shape(self, name: str) -> tuple:
+        return tuple(self.entries[name]["shape"])
+
+    def dtype(self, name: str) -> torch.dtype:
+        return DTYPES[self.entries[name]["dtype"]]
+
     def read(self, name: str, start: int, stop: int, out: torch.Tensor | None = None) -> torch.Tensor:
         """Rows [start, stop) of tensor `name` (dim 0), into `out` (contiguous, right shape) or a new tensor."""
         e = self.entries[name]
@@ -52,18 +59,25 @@ class _SafetensorsFile:
             raise ValueError(f"{self.path}: {name} rows {start}:{stop} do not fit the buffer {tuple(out.shape)} {out.dtype}")
         size = out.numel() * out.element_size()
         offset = self.base + e["data_offsets"][0] + start * (size // max(1, stop - start))
-        view = memoryview(out.view(-1).view(torch.uint8).numpy()) if size else memoryview(b"")
-        fd = os.open(self.path, os.O_RDONLY)
-        try:
-            done = 0
-            while done < size:
-                got = os.preadv(fd, [view[done:]], offset + done)
-                if got <= 0:
-                    raise OSError(f"{self.path}: short read of {name}")
-                done += got
-        finally:
-            os.close(fd)
+        torchfile.pread_into(self.path, torchfile.tensor_bytes(out), offset)
         return out
+
+
+class _TorchFile:
+    """A `.bin` checkpoint (torch.save of a state dict), read at its tensors' offsets."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.entries = torchfile.load(path)
+
+    def shape(self, name: str) -> tuple:
+        return tuple(self.entries[name].shape)
+
+    def dtype(self, name: str) -> torch.dtype:
+        return self.entries[name].dtype
+
+    def read(self, name: str, start: int, stop: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        return torchfile.read(self.path, self.entries[name], start, stop, out)
 
 
 class HFCheckpoint:
@@ -71,25 +85,20 @@ class HFCheckpoint:
 
     def __init__(self, folder: str | Path):
         self.folder = Path(folder)
-        self._where: dict[str, object] = {}
+        self._where: dict[str, _SafetensorsFile | _TorchFile] = {}
         self._shapes: dict[str, tuple] = {}
         index = self.folder / "model.safetensors.index.json"
         files = sorted(self.folder.glob("*.safetensors"))
         if index.is_file():
             files = sorted({self.folder / f for f in json.loads(index.read_text())["weight_map"].values()})
-        if files:
-            for f in files:
-                sf = _SafetensorsFile(f)
-                for name, e in sf.entries.items():
-                    self._where[name], self._shapes[name] = sf, tuple(e["shape"])
-        else:
+        if not files:
             bins = sorted(self.folder.glob("pytorch_model*.bin")) or sorted(self.folder.glob("*.bin"))
             if not bins:
                 raise FileNotFoundError(f"{self.folder}: no *.safetensors or *.bin weights")
-            for f in bins:
-                sd = torch.load(f, map_location="cpu", weights_only=True, mmap=True)
-                for name, t in sd.items():
-                    self._where[name], self._shapes[name] = t, tuple(t.shape)
+        for f in files or bins:
+            src = _SafetensorsFile(f) if files else _TorchFile(f)
+            for name in src.entries:
+                self._where[name], self._shapes[name] = src, src.shape(name)
 
     def keys(self) -> list[str]:
         return list(self._where)
@@ -100,30 +109,30 @@ class HFCheckpoint:
     def shape(self, name: str) -> tuple:
         return self._shapes[name]
 
+    def dtype(self, name: str) -> torch.dtype:
+        return self._where[name].dtype(name)
+
     def rows(self, name: str, start: int = 0, stop: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Rows [start, stop) (dim 0), into `out` (contiguous, that shape and the tensor's dtype) or a new tensor."""
         stop = self._shapes[name][0] if stop is None else stop
-        src = self._where[name]
-        if isinstance(src, torch.Tensor):
-            return src[start:stop].clone() if out is None else out.copy_(src[start:stop])
-        return src.read(name, start, stop, out)
+        return self._where[name].read(name, start, stop, out)
 
     def full(self, name: str) -> torch.Tensor:
         if not self._shapes[name]:
             src = self._where[name]
-            return src.clone() if isinstance(src, torch.Tensor) else src.read(name, 0, 1).reshape(())
+            return src.read(name, 0, 1).reshape(()) if isinstance(src, _SafetensorsFile) else src.read(name, 0, None)  # 0-d
         return self.rows(name)
 
-    def cols(self, name: str, start: int, stop: int) -> torch.Tensor:
-        """Columns [start, stop) of a 2-D tensor, read in blocks of rows."""
-        src = self._where[name]
-        if isinstance(src, torch.Tensor):
-            return src[:, start:stop].clone()
+    def cols(self, name: str, start: int, stop: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Columns [start, stop) of a 2-D tensor, read in blocks of rows, into `out` or a new tensor."""
         rows, width = self._shapes[name]
-        dtype = DTYPES[src.entries[name]["dtype"]]
-        out = torch.empty((rows, stop - start), dtype=dtype)
+        dtype = self.dtype(name)
+        out = torch.empty((rows, stop - start), dtype=dtype) if out is None else out
+        if tuple(out.shape) != (rows, stop - start) or out.dtype != dtype:
+            raise ValueError(f"{name} columns {start}:{stop} do not fit the buffer {tuple(out.shape)} {out.dtype}")
         step = max(1, BLOCK // max(1, width * out.element_size()))
         block = torch.empty((min(step, rows), width), dtype=dtype)
         for r in range(0, rows, step):
             n = min(rows, r + step) - r
-            out[r : r + n] = src.read(name, r, r + n, block[:n])[:, start:stop]
+            out[r : r + n] = self.rows(name, r, r + n, block[:n])[:, start:stop]
         return out

@@ -10,8 +10,9 @@ CKPT_DIR/pretrained_weight/nxd_layout.json. Inverse of neuron-shard: fused QKV i
 per-rank sizes (q heads/tp x head_dim, then kv rows), not in equal thirds as NxD's converter does;
 replicated KV heads are taken from their first replica (and checked against the others); the trn1
 query-head regrouping of q_proj and o_proj is undone. Output tensors stream into safetensors files of
-at most --max-shard-gb each (+ index), written as they are merged (one tensor in memory), cast to
---dtype (bfloat16 by default).
+at most --max-shard-gb each (+ index), cast to --dtype (bfloat16 by default). Memory: each HF tensor is
+assembled in its output buffer from its rank pieces, read one at a time from disk (xser.RankFile: no
+memory maps), written and freed before the next: about one tensor plus one piece.
 """
 
 from __future__ import annotations
@@ -22,13 +23,13 @@ import logging
 import math
 import re
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
 
 from llmpipe.backends.neuron.layout import Dims, Layout, find_rank_file, kv_head, kv_rows, layer_pp_rank, q_group, rank_candidates
-from llmpipe.backends.neuron.shard import LAYOUT_FILE
+from llmpipe.backends.neuron.shard import LAYOUT_FILE, map_large_allocations
 from llmpipe.backends.neuron.xser import RankFile
 from llmpipe.io import atomic_path, write_json
 
@@ -124,84 +125,148 @@ class Shards:
                     f"missing {sorted(want - have)[:6]}, unexpected {sorted(have - want)[:6]}"
                 )
 
-    def release(self, p: int) -> None:
-        """Drop pp rank p's files (their memory maps go with the last tensor that uses them)."""
-        for t in range(self.layout.tp):
-            self.files.pop((t, p), None)
+    def get(self, t: int, p: int, name: str, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        """Rank (t, p)'s tensor `name` (or its rows [start, stop)), read from disk."""
+        return self.files[(t, p)].get(name, start, stop)
 
-    def get(self, t: int, p: int, name: str) -> torch.Tensor:
-        return self.files[(t, p)].get(name)
-
-    def cat(self, p: int, name: str, dim: int) -> torch.Tensor:
-        return torch.cat([self.get(t, p, name) for t in range(self.layout.tp)], dim)
+    def shape(self, t: int, p: int, name: str) -> tuple:
+        return self.files[(t, p)].shape(name)
 
 
-def _attention(s: Shards, p: int, i: int) -> dict[str, torch.Tensor]:
+# (HF name, fill): fill(out) assembles the tensor in `out` (hf_shapes' shape, the output dtype), one rank piece at a time
+Entry = tuple[str, Callable[[torch.Tensor], None]]
+
+
+def put(out: torch.Tensor, piece: torch.Tensor, what: str) -> None:
+    """Copy one rank's piece into its place in the output tensor (cast to the output dtype)."""
+    if out.shape != piece.shape:
+        raise ValueError(f"{what}: rank piece has shape {tuple(piece.shape)}, expected {tuple(out.shape)}")
+    out.copy_(piece)
+
+
+def cat_into(s: Shards, p: int, name: str, dim: int) -> Callable[[torch.Tensor], None]:
+    """Fill: the tp ranks' pieces of `name` one after another along `dim`."""
+
+    def fill(out: torch.Tensor) -> None:
+        n = out.shape[dim] // s.layout.tp
+        for t in range(s.layout.tp):
+            put(out.narrow(dim, t * n, n), s.get(t, p, name), f"{name} on tp rank {t} pp rank {p}")
+
+    return fill
+
+
+def replicated(s: Shards, p: int, name: str) -> Callable[[torch.Tensor], None]:
+    return lambda out: put(out, s.get(0, p, name), name)
+
+
+def _qkv_pieces(s: Shards, p: int, a: str) -> tuple[int, int, Callable[[int, int], torch.Tensor]]:
+    """(q rows per rank, kv rows per rank, piece(t, i): rank t's q (i 0), k (1) or v (2) rows)."""
+    layout, d = s.layout, s.d
+    nq = d.heads // layout.tp * d.head_dim
+    nkv = kv_rows(0, layout, d)[1] - kv_rows(0, layout, d)[0]
+    if layout.attention in ("qkv_linear_fused", "coalesced"):
+        fused = f"{a}.qkv_proj.weight_qkv" if layout.qkv_linear else f"{a}.qkv_proj.weight"
+        for t in range(layout.tp):
+            if (rows := s.shape(t, p, fused)[0]) != nq + 2 * nkv:
+                raise ValueError(f"{a} on tp rank {t}: fused QKV has {rows} rows, expected {nq} + 2 x {nkv}")
+        starts = (0, nq, nq + nkv)
+        return nq, nkv, lambda t, i: s.get(t, p, fused, starts[i], starts[i] + (nq, nkv, nkv)[i])
+    names = [f"{a}.qkv_proj.weight_{x}" if layout.qkv_linear else f"{a}.{x}_proj.weight" for x in "qkv"]
+    return nq, nkv, lambda t, i: s.get(t, p, names[i])
+
+
+def _check_replicas(s: Shards, piece: Callable[[int], torch.Tensor], first: dict[int, int], what: str) -> None:
+    """Warn where a replicated KV head differs from its first replica (training should keep them equal)."""
+    for t in range(s.layout.tp):
+        f = first[kv_head(t, s.layout, s.d)]
+        if t != f and not torch.equal(mine := piece(t), ref := piece(f)):
+            diff = (mine.float() - ref.float()).abs().max().item()
+            log.warning(
+                "%s: replica on tp rank %d differs from tp rank %d (max |diff| %.3g); keeping the first replica", what, t, f, diff
+            )
+
+
+def attention_entries(s: Shards, p: int, i: int) -> list[Entry]:
     layout, d, tp = s.layout, s.d, s.layout.tp
     a = f"model.layers.{i}.self_attn"
-    nq = d.heads // tp * d.head_dim
-    q, k, v = [], [], []
-    for t in range(tp):
-        nkv = kv_rows(t, layout, d)[1] - kv_rows(t, layout, d)[0]
-        if layout.attention in ("qkv_linear_fused", "coalesced"):
-            fused = s.get(t, p, f"{a}.qkv_proj.weight_qkv" if layout.qkv_linear else f"{a}.qkv_proj.weight")
-            if fused.shape[0] != nq + 2 * nkv:
-                raise ValueError(f"{a} on tp rank {t}: fused QKV has {fused.shape[0]} rows, expected {nq} + 2 x {nkv}")
-            parts = torch.split(fused, [nq, nkv, nkv], 0)
-        elif layout.qkv_linear:
-            parts = [s.get(t, p, f"{a}.qkv_proj.weight_{x}") for x in "qkv"]
-        else:
-            parts = [s.get(t, p, f"{a}.{x}_proj.weight") for x in "qkv"]
-        q.append(parts[0]), k.append(parts[1]), v.append(parts[2])
-    order = sorted(range(tp), key=lambda t: q_group(t, layout, d))  # rank holding query group 0, 1, ...
-    o = [s.get(t, p, f"{a}.o_proj.weight") for t in range(tp)]
-    out = {f"{a}.q_proj.weight": torch.cat([q[t] for t in order], 0)}
-    if layout.qkv_linear:
-        first = {}  # KV head -> the first rank holding it (trn1: ranks 0..kv-1; trn2: every M-th rank)
+    nq, nkv, piece = _qkv_pieces(s, p, a)
+    group = {t: q_group(t, layout, d) for t in range(tp)}  # query group g sits at rows / columns g * nq
+
+    def q(out):
         for t in range(tp):
-            first.setdefault(kv_head(t, layout, d), t)
-        for name, parts in (("k_proj", k), ("v_proj", v)):
+            put(out[group[t] * nq : (group[t] + 1) * nq], piece(t, 0), f"{a}.q_proj on tp rank {t}")
+
+    def o(out):
+        for t in range(tp):
+            put(out[:, group[t] * nq : (group[t] + 1) * nq], s.get(t, p, f"{a}.o_proj.weight"), f"{a}.o_proj on tp rank {t}")
+
+    def kv(i_kv: int, name: str):
+        def fill(out):
+            if not layout.qkv_linear:
+                for t in range(tp):
+                    put(out[t * nkv : (t + 1) * nkv], piece(t, i_kv), f"{a}.{name} on tp rank {t}")
+                return
+            first = {}  # KV head -> the first rank holding it (trn1: ranks 0..kv-1; trn2: every M-th rank)
             for t in range(tp):
-                f = first[kv_head(t, layout, d)]
-                if t != f and not torch.equal(parts[t], parts[f]):
-                    log.warning(
-                        "%s.%s: replica on tp rank %d differs from tp rank %d (max |diff| %.3g); keeping the first replica",
-                        a,
-                        name,
-                        t,
-                        f,
-                        (parts[t].float() - parts[f].float()).abs().max().item(),
-                    )
-            out[f"{a}.{name}.weight"] = torch.cat([parts[first[h]] for h in range(d.kv_heads)], 0)
-    else:
-        out[f"{a}.k_proj.weight"], out[f"{a}.v_proj.weight"] = torch.cat(k, 0), torch.cat(v, 0)
-    out[f"{a}.o_proj.weight"] = torch.cat([o[t] for t in order], 1)
-    return dict(sorted(out.items(), key=lambda kv_: ["q_proj", "k_proj", "v_proj", "o_proj"].index(kv_[0].split(".")[-2])))
+                first.setdefault(kv_head(t, layout, d), t)
+            _check_replicas(s, lambda t: piece(t, i_kv), first, f"{a}.{name}")
+            for h in range(d.kv_heads):
+                put(out[h * d.head_dim : (h + 1) * d.head_dim], piece(first[h], i_kv), f"{a}.{name} on tp rank {first[h]}")
+
+        return fill
+
+    return [
+        (f"{a}.q_proj.weight", q),
+        (f"{a}.k_proj.weight", kv(1, "k_proj")),
+        (f"{a}.v_proj.weight", kv(2, "v_proj")),
+        (f"{a}.o_proj.weight", o),
+    ]
 
 
-def hf_tensors(s: Shards) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, full tensor) in HF order: embeddings, layers, norm, lm_head."""
-    layout, d = s.layout, s.d
-    yield "model.embed_tokens.weight", s.cat(0, "model.embed_tokens.weight", 0)
-    owners = layer_pp_rank(d.layers, layout.pp, layout.vpp)
-    for i, p in enumerate(owners):
+def mlp_entries(s: Shards, p: int, i: int) -> list[Entry]:
+    tp, pre = s.layout.tp, f"model.layers.{i}.mlp"
+    gate_up, n = f"{pre}.gate_up_proj.weight", s.d.intermediate // tp  # per rank [gate_r; up_r], n rows each
+
+    def half(k: int):
+        def fill(out):
+            for t in range(tp):
+                if (rows := s.shape(t, p, gate_up)[0]) != 2 * n:
+                    raise ValueError(f"{gate_up} on tp rank {t}: {rows} rows, expected 2 x {n}")
+                put(out[t * n : (t + 1) * n], s.get(t, p, gate_up, k * n, (k + 1) * n), f"{gate_up} on tp rank {t}")
+
+        return fill
+
+    return [
+        (f"{pre}.gate_proj.weight", half(0)),
+        (f"{pre}.up_proj.weight", half(1)),
+        (f"{pre}.down_proj.weight", cat_into(s, p, f"{pre}.down_proj.weight", 1)),
+    ]
+
+
+def hf_entries(s: Shards) -> Iterator[Entry]:
+    """(HF name, fill) in HF order (hf_shapes'): embeddings, layers, norm, lm_head."""
+    layout, last = s.layout, s.layout.pp - 1
+    yield "model.embed_tokens.weight", cat_into(s, 0, "model.embed_tokens.weight", 0)
+    for i, p in enumerate(layer_pp_rank(s.d.layers, layout.pp, layout.vpp)):
         pre = f"model.layers.{i}"
-        yield f"{pre}.input_layernorm.weight", s.get(0, p, f"{pre}.input_layernorm.weight")
-        yield from _attention(s, p, i).items()
-        yield f"{pre}.post_attention_layernorm.weight", s.get(0, p, f"{pre}.post_attention_layernorm.weight")
-        gate, up = zip(*(torch.chunk(s.get(t, p, f"{pre}.mlp.gate_up_proj.weight"), 2, 0) for t in range(layout.tp)))
-        yield f"{pre}.mlp.gate_proj.weight", torch.cat(gate, 0)
-        yield f"{pre}.mlp.up_proj.weight", torch.cat(up, 0)
-        yield f"{pre}.mlp.down_proj.weight", s.cat(p, f"{pre}.mlp.down_proj.weight", 1)
-        if layout.vpp == 1 and p < layout.pp - 1 and owners[i + 1] != p:
-            s.release(p)  # this pp rank is done (the last one still holds norm and lm_head)
-    last = layout.pp - 1
-    yield "model.norm.weight", s.get(0, last, "model.norm.weight")
-    yield "lm_head.weight", s.cat(last, "lm_head.weight", 0)
+        yield f"{pre}.input_layernorm.weight", replicated(s, p, f"{pre}.input_layernorm.weight")
+        yield from attention_entries(s, p, i)
+        yield f"{pre}.post_attention_layernorm.weight", replicated(s, p, f"{pre}.post_attention_layernorm.weight")
+        yield from mlp_entries(s, p, i)
+    yield "model.norm.weight", replicated(s, last, "model.norm.weight")
+    yield "lm_head.weight", cat_into(s, last, "lm_head.weight", 0)
+
+
+def still_tied(s: Shards) -> bool:
+    """lm_head equals embed_tokens on every tp rank (compared piece by piece)."""
+    last = s.layout.pp - 1
+    return all(
+        torch.equal(s.get(t, 0, "model.embed_tokens.weight"), s.get(t, last, "lm_head.weight")) for t in range(s.layout.tp)
+    )
 
 
 def hf_shapes(d: Dims, tied: bool) -> list[tuple[str, tuple]]:
-    """(name, shape) of the HF Llama's tensors in the order hf_tensors yields them."""
+    """(name, shape) of the HF Llama's tensors in the order hf_entries yields them."""
     h, q, kv = d.hidden, d.heads * d.head_dim, d.kv_heads * d.head_dim
     out = [("model.embed_tokens.weight", (d.vocab, h))]
     for i in range(d.layers):
@@ -244,10 +309,11 @@ def plan_files(shapes: list[tuple[str, tuple]], dtype: torch.dtype, max_bytes: i
 ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
 
 
-def write_safetensors(path: Path, entries: list[tuple[str, tuple]], tensors, dtype: torch.dtype) -> None:
+def write_safetensors(path: Path, entries: list[tuple[str, tuple]], tensors: Iterator[Entry], dtype: torch.dtype) -> None:
     """Stream tensors into one safetensors file: the header (known from the shapes) first, then each
-    tensor's bytes as it is produced, so only one tensor is in memory (safetensors' save_file needs
-    them all). The format: 8-byte little-endian header size, JSON header (padded to 8 bytes), data."""
+    tensor, assembled in a buffer of its own that is freed once written, so only one tensor is in
+    memory (safetensors' save_file needs them all). The format: 8-byte little-endian header size,
+    JSON header (padded to 8 bytes), data."""
     size = torch.empty((), dtype=dtype).element_size()
     header, at = {"__metadata__": {"format": "pt"}}, 0
     for name, shape in entries:
@@ -259,11 +325,13 @@ def write_safetensors(path: Path, entries: list[tuple[str, tuple]], tensors, dty
     with open(path, "wb") as fh:
         fh.write(struct.pack("<Q", len(raw)) + raw)
         for name, shape in entries:
-            got, t = next(tensors)
-            if got != name or tuple(t.shape) != tuple(shape):
-                raise ValueError(f"merge: expected {name} {shape}, got {got} {tuple(t.shape)}")
-            t = t.to(dtype).contiguous()
+            got, fill = next(tensors)
+            if got != name:
+                raise ValueError(f"merge: expected {name}, got {got}")
+            t = torch.empty(shape, dtype=dtype)
+            fill(t)
             fh.write(memoryview(t.view(-1).view(torch.uint8).numpy()))
+            del t
 
 
 def merge(
@@ -288,11 +356,11 @@ def merge(
     folder, tag = model_dir(ckpt_dir, str(step))
     shards = Shards(folder, layout, d)
     torch_dtype = DTYPES[dtype]
+    map_large_allocations()
 
     tied = d.tied
     if tied:  # NxD trains its own lm_head: keep the tie only if it still holds
-        same = torch.equal(shards.cat(0, "model.embed_tokens.weight", 0), shards.cat(layout.pp - 1, "lm_head.weight", 0))
-        if not same:
+        if not still_tied(shards):
             log.warning(
                 "tie_word_embeddings is set but lm_head differs from embed_tokens after training: "
                 "writing both and tie_word_embeddings false"
@@ -303,7 +371,7 @@ def merge(
     plan = plan_files(hf_shapes(d, tied), torch_dtype, max_shard_bytes)
     with atomic_path(out_dir) as tmp:
         tmp.mkdir(parents=True)
-        tensors = ((n, t) for n, t in hf_tensors(shards) if not (tied and n == "lm_head.weight"))
+        tensors = (e for e in hf_entries(shards) if not (tied and e[0] == "lm_head.weight"))
         for fname, entries in plan.items():
             write_safetensors(tmp / fname, entries, tensors, torch_dtype)
         if (extra := next(tensors, None)) is not None:

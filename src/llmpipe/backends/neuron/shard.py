@@ -7,8 +7,9 @@ writes CKPT_DIR/pretrained_weight/model/dp_rank_00_tp_rank_XX_pp_rank_YY.pt (tor
 dict, HF-style global names) as NxD's loader reads them with
 `run_llama_nxd.py --pretrained_weight 1 --checkpoint_dir CKPT_DIR`, and pretrained_weight/nxd_layout.json
 (the layout and the HF config, which neuron-merge reads back).
-Streaming: tensors are read slice by slice (hf_reader) and one rank file is built at a time, so peak
-memory is about one rank file, not the model (NxD's own converter loads the whole model: ~1.45x).
+Streaming: each rank file is written tensor by tensor (torchfile.save: torch.save's own format), each
+tensor read slice by slice (hf_reader) just before its bytes are written and freed after, so peak
+memory is about one tensor, not a rank file or the model (NxD's own converter loads the whole model: ~1.45x).
 Tied embeddings: lm_head is written from embed_tokens (NxD's Llama has its own lm_head).
 """
 
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from llmpipe.backends.neuron import torchfile
 from llmpipe.backends.neuron.hf_reader import HFCheckpoint
 from llmpipe.backends.neuron.layout import Dims, Layout, kv_rows, layer_pp_rank, q_rows, rank_file, split
 from llmpipe.io import atomic_path, write_json
@@ -65,12 +67,8 @@ def check_keys(names: list[str], d: Dims) -> None:
         )
 
 
-def stacked(hf: HFCheckpoint, names: list[str], ranges: list[tuple[int, int]]) -> torch.Tensor:
-    """Row ranges of several tensors one after another in one new tensor (no intermediate copies)."""
-    first = hf.shape(names[0])
-    sizes = [b - a for a, b in ranges]
-    probe = hf.rows(names[0], 0, 0)
-    out = torch.empty((sum(sizes), *first[1:]), dtype=probe.dtype)
+def stacked(hf: HFCheckpoint, names: list[str], ranges: list[tuple[int, int]], out: torch.Tensor) -> torch.Tensor:
+    """Row ranges of several tensors one after another in `out` (read straight into place)."""
     at = 0
     for name, (a, b) in zip(names, ranges):
         hf.rows(name, a, b, out[at : at + b - a])
@@ -78,44 +76,58 @@ def stacked(hf: HFCheckpoint, names: list[str], ranges: list[tuple[int, int]]) -
     return out
 
 
-def attention_tensors(hf: HFCheckpoint, prefix: str, tp_rank: int, layout: Layout, d: Dims) -> dict[str, torch.Tensor]:
+def rows_of(hf: HFCheckpoint, out_name: str, name: str, a: int, b: int) -> torchfile.Entry:
+    return out_name, (b - a, *hf.shape(name)[1:]), hf.dtype(name), lambda out: hf.rows(name, a, b, out)
+
+
+def cols_of(hf: HFCheckpoint, name: str, a: int, b: int) -> torchfile.Entry:
+    return name, (hf.shape(name)[0], b - a), hf.dtype(name), lambda out: hf.cols(name, a, b, out)
+
+
+def full(hf: HFCheckpoint, name: str) -> torchfile.Entry:
+    return rows_of(hf, name, name, 0, hf.shape(name)[0])
+
+
+def stacked_of(hf: HFCheckpoint, out_name: str, names: list[str], ranges: list[tuple[int, int]]) -> torchfile.Entry:
+    shape = (sum(b - a for a, b in ranges), *hf.shape(names[0])[1:])
+    return out_name, shape, hf.dtype(names[0]), lambda out: stacked(hf, names, ranges, out)
+
+
+def attention_entries(hf: HFCheckpoint, prefix: str, tp_rank: int, layout: Layout, d: Dims) -> list[torchfile.Entry]:
     a = f"{prefix}.self_attn"
     names = [f"{a}.{x}_proj.weight" for x in "qkv"]
     ranges = [q_rows(tp_rank, layout, d), kv_rows(tp_rank, layout, d), kv_rows(tp_rank, layout, d)]
-    out = {}
     style = layout.attention
     if style in ("qkv_linear_fused", "coalesced"):  # per rank [q_r; k_r; v_r], read straight into place
-        out[f"{a}.qkv_proj.weight_qkv" if layout.qkv_linear else f"{a}.qkv_proj.weight"] = stacked(hf, names, ranges)
+        out = [stacked_of(hf, f"{a}.qkv_proj.weight_qkv" if layout.qkv_linear else f"{a}.qkv_proj.weight", names, ranges)]
     else:
-        q, k, v = (hf.rows(n, *r) for n, r in zip(names, ranges))
-        if style == "qkv_linear":
-            out.update({f"{a}.qkv_proj.weight_q": q, f"{a}.qkv_proj.weight_k": k, f"{a}.qkv_proj.weight_v": v})
-        else:
-            out.update({f"{a}.q_proj.weight": q, f"{a}.k_proj.weight": k, f"{a}.v_proj.weight": v})
-    out[f"{a}.o_proj.weight"] = hf.cols(f"{a}.o_proj.weight", *q_rows(tp_rank, layout, d))
-    return out
+        new = [f"{a}.qkv_proj.weight_{x}" for x in "qkv"] if style == "qkv_linear" else names
+        out = [rows_of(hf, n, src, *r) for n, src, r in zip(new, names, ranges)]
+    return out + [cols_of(hf, f"{a}.o_proj.weight", *q_rows(tp_rank, layout, d))]
 
 
-def rank_tensors(hf: HFCheckpoint, tp_rank: int, pp_rank: int, layout: Layout, d: Dims) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) of one rank file, in model order."""
+def rank_entries(hf: HFCheckpoint, tp_rank: int, pp_rank: int, layout: Layout, d: Dims) -> Iterator[torchfile.Entry]:
+    """(name, shape, dtype, fill) of one rank file's tensors, in model order."""
     tp, last = layout.tp, layout.pp - 1
     if pp_rank == 0:
-        yield "model.embed_tokens.weight", hf.rows("model.embed_tokens.weight", *split(d.vocab, tp_rank, tp))
+        yield rows_of(hf, "model.embed_tokens.weight", "model.embed_tokens.weight", *split(d.vocab, tp_rank, tp))
     owners = layer_pp_rank(d.layers, layout.pp, layout.vpp)
     for i in range(d.layers):
         if owners[i] != pp_rank:
             continue
         p = f"model.layers.{i}"
-        yield f"{p}.input_layernorm.weight", hf.full(f"{p}.input_layernorm.weight")
-        yield from attention_tensors(hf, p, tp_rank, layout, d).items()
-        yield f"{p}.post_attention_layernorm.weight", hf.full(f"{p}.post_attention_layernorm.weight")
+        yield full(hf, f"{p}.input_layernorm.weight")
+        yield from attention_entries(hf, p, tp_rank, layout, d)
+        yield full(hf, f"{p}.post_attention_layernorm.weight")
         rows = split(d.intermediate, tp_rank, tp)
-        yield f"{p}.mlp.gate_up_proj.weight", stacked(hf, [f"{p}.mlp.gate_proj.weight", f"{p}.mlp.up_proj.weight"], [rows, rows])
-        yield f"{p}.mlp.down_proj.weight", hf.cols(f"{p}.mlp.down_proj.weight", *rows)
+        yield stacked_of(
+            hf, f"{p}.mlp.gate_up_proj.weight", [f"{p}.mlp.gate_proj.weight", f"{p}.mlp.up_proj.weight"], [rows, rows]
+        )
+        yield cols_of(hf, f"{p}.mlp.down_proj.weight", *rows)
     if pp_rank == last:
-        yield "model.norm.weight", hf.full("model.norm.weight")
+        yield full(hf, "model.norm.weight")
         head = "lm_head.weight" if "lm_head.weight" in hf else "model.embed_tokens.weight"
-        yield "lm_head.weight", hf.rows(head, *split(d.vocab, tp_rank, tp))
+        yield rows_of(hf, "lm_head.weight", head, *split(d.vocab, tp_rank, tp))
 
 
 def _libc():
@@ -155,9 +167,7 @@ def shard(model_dir: str | Path, out_dir: str | Path, layout: Layout) -> dict:
         (tmp / "model").mkdir(parents=True)
         for pp_rank in range(layout.pp):
             for tp_rank in range(layout.tp):
-                state = dict(rank_tensors(hf, tp_rank, pp_rank, layout, d))
-                torch.save(state, tmp / "model" / rank_file(tp_rank, pp_rank))
-                del state
+                torchfile.save(tmp / "model" / rank_file(tp_rank, pp_rank), list(rank_entries(hf, tp_rank, pp_rank, layout, d)))
                 release_freed_memory()
         record = {"layout": layout.to_json(), "attention": layout.attention, "source": str(model_dir), "hf_config": cfg}
         write_json(tmp / LAYOUT_FILE, record)

@@ -5,7 +5,9 @@ dict whose tensors are `torch_xla.utils.serialization.TensorReference(tid)` obje
 lives in `<rank>.pt.tensors/tensor_<tid>.pt` (a torch.save of one CPU tensor); `<rank>.pt.info.pt`
 holds {tid: {dtype, shape}}. Everything is read with torch.load(weights_only=True): the reference
 class is allow-listed under its torch_xla name and mapped to a local stand-in, so no torch_xla and
-no arbitrary unpickling. Tensors are memory-mapped and loaded only when asked for.
+no arbitrary unpickling. Only the pickles are loaded up front (tensors on the meta device); a
+tensor, or a row range of it, is read from its file when asked for (torchfile: one os.pread, no
+memory map), so the caller holds only what it asked for.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+
+from llmpipe.backends.neuron import torchfile
 
 XSER_CLASS = "torch_xla.utils.serialization.TensorReference"
 
@@ -32,13 +36,12 @@ class TensorReference:
         return f"TensorReference({self.tid})"
 
 
-def _load(path: Path, mmap: bool = False):
-    with torch.serialization.safe_globals([(TensorReference, XSER_CLASS)]):
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+def _load(path: Path):
+    return torchfile.load(path, [(TensorReference, XSER_CLASS)])
 
 
 class RankFile:
-    """One rank's model state: names and lazily loaded tensors (a nested {"model": {...}} is unwrapped)."""
+    """One rank's model state: names, shapes, and tensors read when asked for (a nested {"model": {...}} is unwrapped)."""
 
     def __init__(self, path: str | Path, model_key: str = "model"):
         self.path = Path(path)
@@ -46,7 +49,7 @@ class RankFile:
             raise FileNotFoundError(f"NxD rank file missing: {self.path}")
         self.tensors_dir = Path(f"{self.path}.tensors")
         self.xser = self.tensors_dir.is_dir()
-        state = _load(self.path, mmap=not self.xser)
+        state = _load(self.path)
         if isinstance(state, dict) and model_key in state and isinstance(state[model_key], dict):
             state = state[model_key]
         if not isinstance(state, dict):
@@ -59,13 +62,21 @@ class RankFile:
     def __contains__(self, name: str) -> bool:
         return name in self.state
 
-    def get(self, name: str) -> torch.Tensor:
-        value = self.state[name]
+    def _locate(self, name: str) -> tuple[Path, torch.Tensor]:
+        """(the file holding tensor `name`, the tensor as loaded: on the meta device)."""
+        value, path = self.state[name], self.path
         if isinstance(value, TensorReference):
-            f = self.tensors_dir / f"tensor_{value.tid}.pt"
-            if not f.is_file():
-                raise FileNotFoundError(f"{self.path}: {name} refers to missing {f}")
-            value = _load(f, mmap=True)
+            path = self.tensors_dir / f"tensor_{value.tid}.pt"
+            if not path.is_file():
+                raise FileNotFoundError(f"{self.path}: {name} refers to missing {path}")
+            value = _load(path)
         if not isinstance(value, torch.Tensor):
-            raise ValueError(f"{self.path}: {name} is {type(value).__name__}, not a tensor")
-        return value
+            raise ValueError(f"{path}: {name} is {type(value).__name__}, not a tensor")
+        return path, value
+
+    def shape(self, name: str) -> tuple:
+        return tuple(self._locate(name)[1].shape)
+
+    def get(self, name: str, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        """Tensor `name`, or its rows [start, stop), read from disk into a new tensor."""
+        return torchfile.read(*self._locate(name), start, stop)
