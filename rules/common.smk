@@ -87,9 +87,6 @@ def source_count():
     return config["data"]["num_shards"] if many else len(made) + len(given) + len(rest)
 
 
-
-
-
 def corpus_files(wildcards):
     """Local corpus files (globs expanded), so editing one reruns get_data. URLs and hf: datasets are
     not listed (no network at parse time): get_data fingerprints them (ETag / size) instead."""
