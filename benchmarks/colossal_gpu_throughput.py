@@ -68,7 +68,7 @@ def run_case(case: dict) -> dict:
 
     from llmpipe import config as cfgmod
     from llmpipe.backends.colossal import train as ct
-    from llmpipe.plan import Shape, flops_per_token, matmul_parameters, parameters
+    from llmpipe.plan.arithmetic import Shape, flops_per_token, matmul_parameters, parameters
     from llmpipe.train.loss import lm_loss_sum
     from llmpipe.train.optim import build_optimizer
 

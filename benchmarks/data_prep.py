@@ -303,7 +303,8 @@ def _encoder(which: str):
     text over GPT-2's ranks (built as llmpipe builds them), or HF's encode_batch_fast (the calls our two
     paths make). Lazy: each id list is made when it is taken and freed once used, as a raw encode is."""
     if which == "tiktoken":
-        from llmpipe.data.tokenizer import _file_key, _tiktoken_core
+        from llmpipe.data.encoders import _tiktoken_core
+        from llmpipe.data.tokenizer import _file_key
 
         enc = _tiktoken_core(_file_key(GPT2))[0]
         return lambda texts: (enc.encode_ordinary(t) for t in texts)

@@ -75,7 +75,7 @@ def run_case(case: dict) -> dict:
 
     from llmpipe import config as cfgmod
     from llmpipe.backends.torch.train import autocast_dtype, compile_layers, full_norm, fully_shard_model
-    from llmpipe.plan import Shape, flops_per_token, matmul_parameters, parameters
+    from llmpipe.plan.arithmetic import Shape, flops_per_token, matmul_parameters, parameters
     from llmpipe.train.documents import attention_kernel, model_inputs
     from llmpipe.train.loss import lm_loss_sum
     from llmpipe.train.optim import build_optimizer

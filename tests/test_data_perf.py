@@ -9,10 +9,11 @@ import pytest
 
 from llmpipe import config as cfgmod
 from llmpipe.data import readers
+from llmpipe.data.encoders import HFEncoder, TiktokenEncoder, make_encoder
 from llmpipe.data.pack import Layout, row, rows
 from llmpipe.data.readers import BadRecord, ReadStats, documents
 from llmpipe.data.shard_set import SplitWriter as _SplitWriter
-from llmpipe.data.tokenizer import HFEncoder, TiktokenEncoder, load_tokenizer, make_encoder
+from llmpipe.data.tokenizer import load_tokenizer
 from tests.conftest import GPT2, corpus_docs, prepare, tiny_config, write_jsonl
 
 

@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
+from llmpipe.data.encoders import make_encoder
 from llmpipe.data.pack_views import build_view
 from llmpipe.data.token_store import TokenStore, build_manifest
 from llmpipe.data.tokenize import tokenize_shard
-from llmpipe.data.tokenizer import copy_tokenizer, make_encoder
+from llmpipe.data.tokenizer import copy_tokenizer
 from llmpipe.data.verify import VerifyError, verify
 from tests.conftest import GPT2, SHARED_DATA, corpus_docs, merge, prepare, tiny_config, write_jsonl
 

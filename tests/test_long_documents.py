@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from llmpipe.data import long_docs
+from llmpipe.data.encoders import HFEncoder, TiktokenEncoder
 from llmpipe.data.long_docs import EncodeError
 from llmpipe.data.tokenize import tokenize_shard
-from llmpipe.data.tokenizer import HFEncoder, TiktokenEncoder
 from tests.conftest import GPT2, SHARED_DATA, corpus_docs, tiny_config, write_jsonl
 
 LLAMA3 = SHARED_DATA / "tokenizers" / "llama3"

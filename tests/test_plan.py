@@ -213,7 +213,7 @@ def test_cli_estimates_before_any_data_exists(tmp_path, capsys):
 
 
 def test_estimate_from_a_prefix_extrapolates_by_size(tmp_path, monkeypatch):
-    from llmpipe import plan_tokens
+    from llmpipe.plan import tokens as plan_tokens
 
     cfg = P.load_configs([CONFIG, json.dumps({"data": {"sources": [str(CORPUS)]}})])
     whole = plan_tokens.sample_source(0, str(CORPUS), cfg["data"])

@@ -126,7 +126,10 @@ def test_pipeline_runs_one_slurm_job_per_rule_instance(pipeline):
     expected = collections.Counter(rule for rule, _, _ in pipeline["plan"] if rule != "all")
     assert collections.Counter(rule for rule, _ in logs.values()) == expected
     shards = sorted(wc for rule, wc in logs.values() if rule == "tokenize")
-    assert len(shards) == 2 and len(set(shards)) == 2, shards  # the scatter: 2 shards, one a job (data.shards_per_job auto)
+    # one source, 2 shards: one tokenize job reads it once and writes both (data.shards_per_job auto)
+    assert shards == ["00000"], shards
+    text = (work / "results/default/logs/tokenize/job-00000.log").read_text()
+    assert sorted(int(s) for s in re.findall(r"shard (\d+) written by pid", text)) == [0, 1], text[-2000:]
     # the profile's resources reached sbatch: train_torch mem 4000 MB / 60 min, 2 CPUs (= threads)
     train = [j for j in jobs if logs[j["JobId"]][0] == "train_torch"]
     assert len(train) == 1 and train[0]["TimeLimit"] == "60", train
@@ -335,7 +338,8 @@ def test_trn1_profile_resources_per_rule_and_config_overrides(tmp_path):
     tokenize = [(r, t) for rule, r, t in jobs if rule == "tokenize"]
     prof = yaml.safe_load((REPO / "profiles/slurm-trn1/config.v8+.yaml").read_text())
     want = (prof["set-threads"]["tokenize"], str(prof["set-resources"]["tokenize"]["mem_mb"]), "240")
-    assert len(tokenize) == 2 and all((t, r["mem_mb"], r["runtime"]) == want for r, t in tokenize), tokenize
+    # the preset's sources are fewer than its shards: one tokenize job (data.shards_per_job auto)
+    assert len(tokenize) == 1 and all((t, r["mem_mb"], r["runtime"]) == want for r, t in tokenize), tokenize
 
     over = tmp_path / "o.yaml"
     over.write_text(

@@ -35,7 +35,7 @@ def losses(out):
 
 def plan_flops_per_token(prepared) -> int:
     """FLOPs per token of the trained model by the plan's arithmetic (llmpipe.plan)."""
-    from llmpipe.plan import Shape, flops_per_token, matmul_parameters, parameters
+    from llmpipe.plan.arithmetic import Shape, flops_per_token, matmul_parameters, parameters
 
     shape = Shape.from_hf(json.loads((prepared["init"] / "config.json").read_text()))
     return flops_per_token(shape, matmul_parameters(shape, parameters(shape)), prepared["cfg"]["train"]["seq_len"])

@@ -24,7 +24,7 @@ CORE_COMMANDS = {
     "check-config": "llmpipe.check_config",
     "doctor": "llmpipe.doctor",
     "backends": "llmpipe.backends.cli",
-    "plan": "llmpipe.plan",
+    "plan": "llmpipe.plan.cli",
     "dag": "llmpipe.dag",
     "report": "llmpipe.report",
     "download-model": "llmpipe.hub.download",

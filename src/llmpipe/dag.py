@@ -106,7 +106,7 @@ def asks(rule: str, info: dict, job: dict, plan: dict | None) -> list[str]:
 
 
 def plan_lines(plan: dict) -> list[str]:
-    from llmpipe.plan import _duration
+    from llmpipe.plan.render import _duration
 
     s = plan["schedule"]
     out = [f"plan: {s['steps']:,} steps x {s['tokens_per_step']:,} tokens"]
@@ -251,7 +251,7 @@ def planning_dag(profile: str | None, extra: list[str], out_dir: Path, use_dot: 
     plan, problem = None, None
     try:
         from llmpipe import config as cfgmod
-        from llmpipe.plan import build
+        from llmpipe.plan.cli import build
 
         plan = build(cfgmod.validate(info["config"]), allow_unknown_data=True)
     except (ValueError, FileNotFoundError, OSError) as exc:  # the picture still shows the cluster requests

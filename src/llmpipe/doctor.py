@@ -305,7 +305,7 @@ def disk(cfg: dict, quick: bool) -> list[str]:
     if quick:
         tokens, params = _text_bytes(cfg) // 2, None  # >= 2 text bytes a token
     else:
-        from llmpipe import plan
+        from llmpipe.plan import cli as plan
 
         try:
             p = plan.build(cfg, allow_unknown_data=True)

@@ -14,7 +14,7 @@ import logging
 from pathlib import Path
 
 from llmpipe.io import atomic_path
-from llmpipe.plan import HARDWARE_HEADER, hardware_rows, summary_rows
+from llmpipe.plan.render import HARDWARE_HEADER, hardware_rows, summary_rows
 
 log = logging.getLogger(__name__)
 

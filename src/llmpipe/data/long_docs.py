@@ -52,6 +52,7 @@ MAX_PRETOKEN_CHARS = 1 << 20  # a pre-token longer than this goes under data.lon
 MARGIN = 8  # rule 3: characters kept clear of the window's end (the patterns look at most 3 ahead)
 POLICIES = ("split", "skip")
 
+GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 GPT2_HF_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 LLAMA3_PATTERN = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
@@ -61,8 +62,6 @@ _TAIL = 4096  # rule 1 looks at the window's last _TAIL characters first
 
 
 def safe_patterns() -> set[str]:
-    from llmpipe.data.tokenizer import GPT2_PATTERN
-
     return {GPT2_PATTERN, GPT2_HF_PATTERN, LLAMA3_PATTERN}
 
 

@@ -21,12 +21,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from llmpipe.data.sources import RECORD_BITS
-
-
-def paths(sources: list) -> list[str]:
-    """The source strings of data.sources (weighted items give their path)."""
-    return [s["path"] if isinstance(s, dict) else s for s in sources]
+from llmpipe.data.sources import RECORD_BITS, paths  # noqa: F401 (paths: mixture.paths for callers)
 
 
 def is_mixture(sources: list) -> bool:

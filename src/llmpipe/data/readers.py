@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 
 import orjson
 
+from llmpipe.data.sources import HF_PREFIX, expand_sources, paths
+
 log = logging.getLogger(__name__)
 
-HF_PREFIX = "hf:"
 SHOW_LOCATIONS = 5  # offending locations logged per reason under on_bad_record: skip
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 TEXT_SUFFIXES = (".txt",)
@@ -1243,9 +1244,6 @@ def documents(
 
 def iter_documents(cfg: dict, stats: ReadStats | None = None) -> Iterator[str]:
     """Every usable document of every source (data section `cfg`), in order."""
-    from llmpipe.data.mixture import paths
-    from llmpipe.data.sources import expand_sources
-
     stats = stats if stats is not None else ReadStats()
     for source in expand_sources(paths(cfg["sources"])):
         for _, text in documents(source, cfg, stats):

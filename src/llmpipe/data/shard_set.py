@@ -25,10 +25,11 @@ from struct import pack
 import numpy as np
 
 from llmpipe.data import long_docs, stfile
+from llmpipe.data.encoders import SAMPLE_HEAD_CHARS, encoders, sample_agrees
 from llmpipe.data.long_docs import EncodeError, describe_doc
 from llmpipe.data.readers import ReadStats, locate
 from llmpipe.data.sources import RECORD_BITS
-from llmpipe.data.tokenizer import SAMPLE_HEAD_CHARS, encoders, load_backend, sample_agrees, tokenizer_info
+from llmpipe.data.tokenizer import load_backend, tokenizer_info
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +112,7 @@ class ShardOutput:
         self.writers = {s: SplitWriter(self.tmp.with_name(self.tmp.name + f".{s}.bin"), dtype, lazy) for s in SPLITS}
         self.stats, self.long = ReadStats(), Counter()
         self.seen = 0  # documents given
+        self.started = None  # time.time() of its first document
         self.checked = 0  # of its first SAMPLE_DOCS documents, compared with the HF tokenizer so far
         self.mode = "open"  # open (being checked) | done (checked) | redo (tiktoken differed: written again alone)
 
@@ -179,6 +181,8 @@ class ShardSet:
         out = self.outs[shard]
         if out.mode == "redo":
             return
+        if not out.seen:
+            out.started = time.time()
         out.seen += 1
         self.pending.append((shard, did, val, text))
         self.chars += len(text)
@@ -290,6 +294,7 @@ class ShardSet:
                 encoder,
                 self.bos,
             )
+            log.info("shard %d written by pid %d from %.3f to %.3f", shard, os.getpid(), out.started or time.time(), time.time())
         return counts, redo
 
     def close(self) -> None:

@@ -16,9 +16,13 @@ from dataclasses import dataclass
 
 from braceexpand import braceexpand
 
-from llmpipe.data.readers import HF_PREFIX
-
+HF_PREFIX = "hf:"  # a Hugging Face dataset (hf:<repo or saved folder>), read by readers._hf
 RECORD_BITS = 40  # doc id = source index << RECORD_BITS | record index
+
+
+def paths(sources: list) -> list[str]:
+    """The source strings of data.sources (weighted items give their path)."""
+    return [s["path"] if isinstance(s, dict) else s for s in sources]
 
 
 def doc_id(source_index: int, record_index: int) -> int:

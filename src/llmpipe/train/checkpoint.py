@@ -4,7 +4,7 @@ A checkpoint is built under a temporary name, sealed (checksums.json: the sha256
 `done` marker), then renamed into place: a killed job never leaves a step_* folder that looks complete.
 Resume takes the newest complete step whose files still match their checksums (`newest_intact`); a
 damaged one is named and skipped for the next older intact one, never trained on. What goes inside a
-step folder is the backend's (llmpipe.backends.torch.checkpoint, the colossal trainer's Saver).
+step folder is the backend's (llmpipe.backends.torch.checkpoint, llmpipe.backends.colossal.checkpoint).
 No torch here: the workflow reads checkpoints when it is parsed (llmpipe.train.resume).
 """
 

@@ -1,6 +1,6 @@
 """Model TFLOP/s per device and MFU for each metrics record (llmpipe.train.loop).
 
-FLOPs per token are the plan's (llmpipe.plan.flops_per_token: 6 N_matmul + 12 L q s, forward and backward,
+FLOPs per token are the plan's (llmpipe.plan.arithmetic.flops_per_token: 6 N_matmul + 12 L q s, forward and backward,
 recomputation not counted) for the HF config of the model being trained; the peak is the device's dense
 BF16 figure (llmpipe.devices), unknown on CPU or an unlisted GPU: MFU is null then, TFLOP/s still given.
 """
@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass
 
 from llmpipe.devices import mfu, peak_tflops
-from llmpipe.plan import Shape, flops_per_token, matmul_parameters, parameters
+from llmpipe.plan.arithmetic import Shape, flops_per_token, matmul_parameters, parameters
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,9 @@ class Throughput:
     def describe(self) -> str:
         flops = "unknown" if self.flops_per_token is None else f"{self.flops_per_token:,}"
         peak = "unknown: no MFU" if self.peak_tflops is None else f"{self.peak_tflops:g}"
-        return f"model FLOPs per token {flops} (llmpipe.plan), {self.devices} x {self.device}, peak BF16 TFLOP/s {peak}"
+        return (
+            f"model FLOPs per token {flops} (llmpipe.plan.arithmetic), {self.devices} x {self.device}, peak BF16 TFLOP/s {peak}"
+        )
 
 
 def model_flops_per_token(hf_config: dict, seq_len: int) -> int | None:

@@ -32,10 +32,8 @@ def save(root: Path, step: int, model, optimizer, scheduler, state: dict, keep: 
         tmp.mkdir(parents=True)
         save_model(model, str(tmp / "model.safetensors"))  # handles tied (shared) weights
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-        _save_rest(tmp, step, scheduler, state)
-        seal(tmp)
-    prune(root, keep)
-    log.info("checkpoint %s", target)
+        _seal(tmp, step, scheduler, state)
+    _published(root, target, keep, "")
     return target
 
 
@@ -46,17 +44,26 @@ def load(path: Path, model, optimizer, scheduler) -> dict:
     return _load_rest(path, scheduler)
 
 
-def _save_rest(folder: Path, step: int, scheduler, state: dict) -> None:
+def _seal(folder: Path, step: int, scheduler, state: dict) -> None:
+    """Both save paths' last step under the temporary name: scheduler, RNG and trainer state beside the
+    weights, then the checksums (llmpipe.train.checkpoint.seal) that make the step complete."""
     torch.save(scheduler.state_dict(), folder / "scheduler.pt")
     rng = {"cpu": torch.get_rng_state()}
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state_all()
     torch.save(rng, folder / "rng.pt")
     (folder / "trainer_state.json").write_text(json.dumps({**state, "step": step}, indent=2, sort_keys=True))
+    seal(folder)
+
+
+def _published(root: Path, target: Path, keep: int, how: str) -> None:
+    """After the rename into place: older steps pruned to `keep`, the step logged."""
+    prune(root, keep)
+    log.info("checkpoint %s%s", target, how)
 
 
 def _load_rest(folder: Path, scheduler) -> dict:
-    """What _save_rest wrote: the scheduler and RNG restored, the trainer state returned."""
+    """What _seal wrote: the scheduler and RNG restored, the trainer state returned."""
     scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=True))
     rng = torch.load(folder / "rng.pt", weights_only=True)
     torch.set_rng_state(rng["cpu"])
@@ -82,13 +89,11 @@ def save_sharded(root: Path, step: int, model, optimizer, scheduler, state: dict
     dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(tmp / "dcp"))
     dist.barrier()
     if main:
-        _save_rest(tmp, step, scheduler, {**state, "format": "dcp"})
-        seal(tmp)
+        _seal(tmp, step, scheduler, {**state, "format": "dcp"})
         if target.exists():
             shutil.rmtree(target)
         os.replace(tmp, target)
-        prune(root, keep)
-        log.info("checkpoint %s (DCP, %d processes)", target, dist.get_world_size())
+        _published(root, target, keep, f" (DCP, {dist.get_world_size()} processes)")
     dist.barrier()
     return target
 
