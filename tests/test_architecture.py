@@ -11,13 +11,19 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 PLAN_ORDER = ["arithmetic", "schedule", "hardware", "inputs", "tokens", "make", "render", "cli"]
 
 
+def is_module(name: str) -> bool:
+    path = SRC / name.replace(".", "/")
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
 def llmpipe_imports(path: Path) -> set[str]:
     """llmpipe modules a file imports, at module level or inside functions."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("llmpipe"):
-            found.update(f"{node.module}.{a.name}" for a in node.names)
-            found.add(node.module)
+            for a in node.names:  # `from package import module` depends on that module, else on the package's names
+                sub = f"{node.module}.{a.name}"
+                found.add(sub if is_module(sub) else node.module)
         elif isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.startswith("llmpipe"))
     return found
@@ -81,3 +87,8 @@ def test_plan_arithmetic_has_no_io_and_loads_alone():
     code = "import sys, llmpipe.plan.arithmetic; print(sorted(m for m in sys.modules if m.startswith('llmpipe')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == str(["llmpipe", "llmpipe.plan", "llmpipe.plan.arithmetic"])
+
+
+def test_no_source_file_over_500_lines():
+    long = {str(p.relative_to(SRC)): n for p in SRC.rglob("*.py") if (n := len(p.read_text().splitlines())) > 500}
+    assert not long, f"split these by concern (docs/architecture.md): {long}"

@@ -15,9 +15,8 @@ import pytest
 import yaml
 from safetensors import safe_open
 
-from llmpipe.data import readers
 from llmpipe.data.get_data import get_data, load_sources
-from llmpipe.data.readers import SourceChanged
+from llmpipe.data.readers import SourceChanged, opener
 from llmpipe.data.sources import assign
 from llmpipe.data.tokenize import tokenize_shard
 from llmpipe.data.tokenizer import copy_tokenizer
@@ -141,7 +140,7 @@ def test_each_job_reads_only_its_range(tmp_path, corpus, runs, monkeypatch):
     sources = load_sources(tmp_path / "sources.json")
     copy_tokenizer(str(GPT2), tmp_path / "tokenizer")
     opened = []
-    real = readers._open_binary
+    real = opener._open_binary
 
     class Counting:
         def __init__(self, fh):
@@ -162,7 +161,7 @@ def test_each_job_reads_only_its_range(tmp_path, corpus, runs, monkeypatch):
             opened.append((url, c))
             yield c
 
-    monkeypatch.setattr(readers, "_open_binary", counting)
+    monkeypatch.setattr(opener, "_open_binary", counting)
     pulled = []
     for s in range(SHARDS):
         opened.clear()

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
-from llmpipe.data import readers
+from llmpipe.data.readers import jsonl, limits
 from llmpipe.data.sources import doc_id, is_validation
 from tests.conftest import GPT2, corpus_docs, prepare, tiny_config
 
@@ -33,8 +33,8 @@ def corpus(tmp_path_factory):
 
 
 def run(tmp, corpus, strided: bool, monkeypatch) -> dict:
-    monkeypatch.setattr(readers, "STRIDED_SCAN", strided)
-    monkeypatch.setattr(readers, "STRIDE_BLOCK", 1 << 16)  # many blocks, block ends inside records
+    monkeypatch.setattr(limits, "STRIDED_SCAN", strided)
+    monkeypatch.setattr(limits, "STRIDE_BLOCK", 1 << 16)  # many blocks, block ends inside records
     cfg = tiny_config(
         tmp,
         data={"sources": [str(corpus / "big.jsonl"), str(corpus / "small.jsonl")], "num_shards": SHARDS},
@@ -47,8 +47,8 @@ def run(tmp, corpus, strided: bool, monkeypatch) -> dict:
 
 def test_strided_scan_gives_byte_identical_store_and_views(tmp_path, corpus, monkeypatch):
     calls = []
-    scan = readers._strided_lines
-    monkeypatch.setattr(readers, "_strided_lines", lambda *a: calls.append(a[2]) or scan(*a))
+    scan = jsonl._strided_lines
+    monkeypatch.setattr(jsonl, "_strided_lines", lambda *a: calls.append(a[2]) or scan(*a))
     new, out = run(tmp_path / "strided", corpus, True, monkeypatch)
     assert calls, "the strided scan was not used"
     calls.clear()

@@ -5,10 +5,10 @@ unparsed, the byte-level vocabulary check, the HF encoder's ids vs AutoTokenizer
 import json
 
 import numpy as np
+import orjson
 import pytest
 
 from llmpipe import config as cfgmod
-from llmpipe.data import readers
 from llmpipe.data.encoders import HFEncoder, TiktokenEncoder, make_encoder
 from llmpipe.data.pack import Layout, row, rows
 from llmpipe.data.readers import BadRecord, ReadStats, documents
@@ -71,8 +71,8 @@ def test_records_of_other_shards_are_not_parsed(tmp_path, monkeypatch):
     (tmp_path / "c.jsonl").write_text("\n".join(lines) + "\n")
     src = str(tmp_path / "c.jsonl")
     parsed = []
-    real = readers.orjson.loads
-    monkeypatch.setattr(readers.orjson, "loads", lambda raw: parsed.append(bytes(raw).strip()) or real(raw))
+    real = orjson.loads
+    monkeypatch.setattr(orjson, "loads", lambda raw: parsed.append(bytes(raw).strip()) or real(raw))
     cfg = cfgmod.load({"data": {"sources": [src], "on_bad_record": "fail"}})["data"]
 
     # records (blank lines are not records): 0 r0, 1 bad JSON, 2 r2, 3 no text field, 4 r4, 5 r5

@@ -16,7 +16,7 @@ import pytest
 from safetensors import safe_open
 
 from llmpipe.data import long_docs, readers
-from llmpipe.data.readers import BadRecord
+from llmpipe.data.readers import BadRecord, limits, opener
 from llmpipe.data.tokenize import tokenize_shard
 from tests.conftest import GPT2, corpus_docs, tiny_config
 
@@ -72,10 +72,10 @@ def run(tmp_path, name: str, data: bytes, monkeypatch, streamed: bool, suffix=".
         m.setattr(long_docs, "LONG_DOC_CHARS", PIECE)
         m.setattr(long_docs, "PIECE_CHARS", PIECE)
         if streamed:
-            m.setattr(readers, "HUGE_RECORD_BYTES", SMALL)
-            m.setattr(readers, "LINE_CHUNK", 8191)
-            m.setattr(readers, "HUGE_CHUNK", 4099)  # odd chunks: cuts inside escapes, pairs, UTF-8 sequences
-            m.setattr(readers, "LONG_STRING", 8 << 10)
+            m.setattr(limits, "HUGE_RECORD_BYTES", SMALL)
+            m.setattr(limits, "LINE_CHUNK", 8191)
+            m.setattr(limits, "HUGE_CHUNK", 4099)  # odd chunks: cuts inside escapes, pairs, UTF-8 sequences
+            m.setattr(limits, "LONG_STRING", 8 << 10)
         out = tmp_path / f"{name}.safetensors"
         tokenize_shard(cfg, [str(src)], 0, GPT2, out)
     with safe_open(str(out), framework="numpy") as f:
@@ -109,7 +109,7 @@ def test_streamed_jsonl_records_give_the_same_store(tmp_path, monkeypatch, backe
 
 
 def test_bom_and_blank_lines_before_a_streamed_record(tmp_path, monkeypatch):
-    data = readers.BOM + line({"text": text_of(5, 100_000)}) + b"\n  \n" + line({"text": text_of(6, 100_000)}, False, b"\r")
+    data = opener.BOM + line({"text": text_of(5, 100_000)}) + b"\n  \n" + line({"text": text_of(6, 100_000)}, False, b"\r")
     data += b" " * (SMALL * 2) + b"\n" + line({"text": "after a huge blank line"})
     normal = run(tmp_path, "normal", data, monkeypatch, False)
     streamed = run(tmp_path, "streamed", data, monkeypatch, True)
@@ -167,7 +167,7 @@ def test_bad_streamed_records_are_judged_as_the_normal_path_judges_them(tmp_path
 
 @pytest.mark.parametrize("backend", ["tiktoken", "hf"])
 def test_streamed_text_file_gives_the_same_store(tmp_path, monkeypatch, backend):
-    data = readers.BOM + text_of(11, 200_000).replace("\\", "/").encode()
+    data = opener.BOM + text_of(11, 200_000).replace("\\", "/").encode()
     normal = run(tmp_path, "normal", data, monkeypatch, False, ".txt", backend, text_mode="file")
     seen = streamed_count(monkeypatch)
     streamed = run(tmp_path, "streamed", data, monkeypatch, True, ".txt", backend, text_mode="file")

@@ -18,7 +18,8 @@ import pytest
 
 from llmpipe import config as cfgmod
 from llmpipe.data import readers
-from llmpipe.data.readers import BadRecord, ReadStats, StreamedText
+from llmpipe.data.readers import BadRecord, ReadStats, StreamedText, jsonl, limits, opener
+from llmpipe.data.readers import text as text_reader
 from tests.conftest import corpus_docs
 
 DOCS = corpus_docs(120)
@@ -41,9 +42,9 @@ def seen(pairs) -> list:
 
 
 def small_chunks(monkeypatch, huge: int, chunk: int, piece: int = 3) -> None:
-    monkeypatch.setattr(readers, "HUGE_RECORD_BYTES", huge)
-    monkeypatch.setattr(readers, "HUGE_CHUNK", chunk)
-    monkeypatch.setattr(readers, "SMALL_PIECE", piece)
+    monkeypatch.setattr(limits, "HUGE_RECORD_BYTES", huge)
+    monkeypatch.setattr(limits, "HUGE_CHUNK", chunk)
+    monkeypatch.setattr(limits, "SMALL_PIECE", piece)
 
 
 # ---------------------------------------------------------------- paragraph-mode text
@@ -52,15 +53,15 @@ def small_chunks(monkeypatch, huge: int, chunk: int, piece: int = 3) -> None:
 def test_paragraph_pieces_are_the_regex_split_of_the_whole_text(monkeypatch):
     """Every text of up to 7 characters from {a, CR, LF}, in chunks of 1-5 bytes: the pieces (and which are
     spooled: over HUGE_RECORD_BYTES) are PARAGRAPH_BREAK.split's, breaks and CRLFs cut anywhere."""
-    monkeypatch.setattr(readers, "HUGE_RECORD_BYTES", 4)
+    monkeypatch.setattr(limits, "HUGE_RECORD_BYTES", 4)
     for n in range(8):
         for chars in itertools.product("a\r\n", repeat=n):
             text = "".join(chars)
-            want = readers.PARAGRAPH_BREAK.split(text)
-            assert [p.decode() for p in readers._BREAK_BYTES.split(text.encode())] == want
+            want = text_reader.PARAGRAPH_BREAK.split(text)
+            assert [p.decode() for p in text_reader._BREAK_BYTES.split(text.encode())] == want
             data = text.encode()
             for size in (1, 2, 3, 5):
-                got = list(readers._paragraph_pieces(data[i : i + size] for i in range(0, len(data), size)))
+                got = list(text_reader._paragraph_pieces(data[i : i + size] for i in range(0, len(data), size)))
                 assert [p.read() if isinstance(p, StreamedText) else p for p in got] == want, (text, size)
                 assert [isinstance(p, StreamedText) for p in got] == [len(p) > 4 for p in want], (text, size)
 
@@ -81,7 +82,7 @@ def paragraph_text(bom: bool = False) -> bytes:
         if i == 30:
             parts.append("a NUL \x00 here\n\n" + "long paragraph 😀 é line\n" * 4000 + "\n\n" + " \t\n" * 30_000 + "\r\r")
     parts.append("the last one, no break")
-    return (readers.BOM if bom else b"") + "".join(parts).encode()
+    return (opener.BOM if bom else b"") + "".join(parts).encode()
 
 
 def whole_paragraphs(url: str, data: bytes) -> list:
@@ -152,8 +153,8 @@ def test_parquet_read_page_by_page_gives_the_whole_table(tmp_path, monkeypatch):
     path = tmp_path / "corpus.parquet"
     pq.write_table(pa.table({"id": list(range(len(texts))), "text": texts}), path, row_group_size=7, data_page_size=4096)
     assert pq.ParquetFile(path).metadata.num_row_groups == 12
-    monkeypatch.setattr(readers, "PARQUET_BATCH", 5)  # batches across row group ends
-    monkeypatch.setattr(readers, "HUGE_CHUNK", 4099)  # the column chunks streamed in odd pieces
+    monkeypatch.setattr(limits, "PARQUET_BATCH", 5)  # batches across row group ends
+    monkeypatch.setattr(limits, "HUGE_CHUNK", 4099)  # the column chunks streamed in odd pieces
     want = [(f"{path}:row {i}", t) for i, t in enumerate(pq.read_table(path).column("text").to_pylist())]
     assert list(readers.records(str(path), data_cfg(path))) == want
 
@@ -224,7 +225,7 @@ def huge_lines() -> bytes:
     def long(seed: int) -> str:
         return json.dumps({"id": seed, "text": big[seed * 1000 :][:150_000] + ' 😀 "q" \\ end'})
 
-    lines = [readers.BOM.decode() + long(0) + "\n"]
+    lines = [opener.BOM.decode() + long(0) + "\n"]
     for i in range(1, 60):
         if i in (5, 10, 19, 22, 36):
             lines.append(long(i) + ("\r\n" if i == 19 else "\n"))
@@ -248,7 +249,7 @@ def parsed(line: bytes) -> dict:
 
 
 def strided_read(path, cfg, shard: int, strided: bool, monkeypatch) -> tuple:
-    monkeypatch.setattr(readers, "STRIDED_SCAN", strided)
+    monkeypatch.setattr(limits, "STRIDED_SCAN", strided)
     stats, out = ReadStats(), []
     for index, text in readers.documents(str(path), cfg, stats, lambda i: i % 4 == shard, (shard, 4), streamed=True):
         out.append((index, isinstance(text, StreamedText), text.read() if isinstance(text, StreamedText) else text))
@@ -261,12 +262,12 @@ def test_huge_lines_on_the_strided_scan_come_as_line_by_line(tmp_path, monkeypat
     path.write_bytes(data)
     cfg = data_cfg(path, on_bad_record="skip")
     for name, value in {"HUGE_RECORD_BYTES": 64 << 10, "STRIDE_BLOCK": 8191, "LINE_CHUNK": 8191, "HUGE_CHUNK": 4099}.items():
-        monkeypatch.setattr(readers, name, value)
-    monkeypatch.setattr(readers, "LONG_STRING", 8 << 10)
+        monkeypatch.setattr(limits, name, value)
+    monkeypatch.setattr(limits, "LONG_STRING", 8 << 10)
     calls = []
-    scan = readers._strided_lines
-    monkeypatch.setattr(readers, "_strided_lines", lambda *a: calls.append(1) or scan(*a))
-    records = [parsed(line) for line in data[len(readers.BOM) :].splitlines() if line.strip()]
+    scan = jsonl._strided_lines
+    monkeypatch.setattr(jsonl, "_strided_lines", lambda *a: calls.append(1) or scan(*a))
+    records = [parsed(line) for line in data[len(opener.BOM) :].splitlines() if line.strip()]
     total = 0
     for shard in range(4):
         strided, stats = strided_read(path, cfg, shard, True, monkeypatch)
@@ -284,7 +285,8 @@ READER = """
 import json, sys
 from llmpipe import config as cfgmod
 from llmpipe.data import readers
-readers.HUGE_RECORD_BYTES = 1 << 20  # long paragraphs / records at these sizes
+from llmpipe.data.readers import limits
+limits.HUGE_RECORD_BYTES = 1 << 20  # long paragraphs / records at these sizes
 source, kind = sys.argv[1:3]
 cfg = cfgmod.load({"data": {"sources": [source], "text_mode": "paragraph"}})["data"]
 keep, stride = ((lambda i: i % 4 == 0), (0, 4)) if kind == "strided" else ((lambda i: True), None)

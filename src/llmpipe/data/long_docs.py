@@ -28,7 +28,7 @@ says what then: `split` cuts it at `max_pretoken` characters (those ids differ f
 whole; counted), `skip` drops the document (counted).
 
 A document too long to hold (readers.StreamedText: a JSONL record or text file over
-readers.HUGE_RECORD_BYTES) is cut by Cutter.plan_stream, which fills a buffer from the stream only as far
+readers.limits.HUGE_RECORD_BYTES) is cut by Cutter.plan_stream, which fills a buffer from the stream only as far
 as each step of plan() looks (the window plus the longest added token), so its cuts are plan()'s; then
 StreamPieces reads it again, one group of pieces at a time. Peak memory: a few windows, whatever its size.
 

@@ -1,0 +1,78 @@
+"""Hugging Face datasets (hf:<id or folder>): streamed from the Hub or a save_to_disk / parquet folder."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterator
+
+from llmpipe.data.readers.parquet import _MISSING, _arrow_values, _parquet_file, _parquet_values
+from llmpipe.data.readers.stats import BadRecord
+from llmpipe.data.sources import HF_PREFIX
+
+
+def _hf(spec: str, cfg: dict) -> Iterator[tuple[str, object]]:
+    field = cfg["text_field"]
+    for i, value in enumerate(_hf_values(spec[len(HF_PREFIX) :], cfg)):
+        where = f"{spec}[{i}]"
+        yield where, BadRecord("missing_field", where, f"no '{field}' field") if value is _MISSING else value
+
+
+def _hf_values(path: str, cfg: dict) -> Iterator[object]:
+    """The text field's value (or _MISSING) of each record of a Hugging Face dataset, in order. Read here, in
+    bounded memory: a local save_to_disk folder (_saved_values) and, when streaming, local Parquet data files
+    (page by page; datasets' own streaming decodes a whole row group at once). The rest through datasets:
+    its streaming, or (streaming false) its Arrow cache, memory-mapped."""
+    import os
+
+    if os.path.isfile(os.path.join(path, "state.json")) or os.path.isfile(os.path.join(path, "dataset_dict.json")):
+        yield from _saved_values(path, cfg)
+        return
+    import datasets
+
+    field, split = cfg["text_field"], cfg["hf_split"]
+    if not cfg["streaming"]:
+        ds = datasets.load_dataset(path, cfg["hf_config"], split=split, revision=cfg["hf_revision"])
+    else:
+        builder = datasets.load_dataset_builder(path, cfg["hf_config"], revision=cfg["hf_revision"])
+        files = {str(name): list(found) for name, found in (builder.config.data_files or {}).items()}
+        if _local_parquet(builder, files.get(split)):
+            for file in files[split]:
+                with open(file, "rb") as fh:
+                    pf = _parquet_file(fh)
+                    if field in pf.schema_arrow.names:
+                        yield from _parquet_values(pf, field)
+                    else:
+                        yield from itertools.repeat(_MISSING, pf.metadata.num_rows)
+            return
+        ds = builder.as_streaming_dataset(split=split)
+    for record in ds:
+        yield record[field] if field in record else _MISSING
+
+
+def _local_parquet(builder, files: list | None) -> bool:
+    """datasets would stream these local Parquet files as they are (no filter, column choice or features)."""
+    conf = builder.config
+    plain = getattr(conf, "filters", None) is None and getattr(conf, "columns", None) is None and conf.features is None
+    return builder.name == "parquet" and plain and bool(files) and not any("://" in str(f) for f in files)
+
+
+def _saved_values(path: str, cfg: dict) -> Iterator[object]:
+    """A folder written by datasets' save_to_disk (a Dataset; or a DatasetDict: its `hf_split`), read file by
+    file, record batch by record batch, as load_from_disk orders it (which would memory-map the files)."""
+    import os
+
+    import pyarrow as pa
+
+    if os.path.isfile(os.path.join(path, "dataset_dict.json")):
+        with open(os.path.join(path, "dataset_dict.json")) as fh:
+            splits = json.load(fh)["splits"]
+        if cfg["hf_split"] not in splits:
+            raise ValueError(f"hf:{path}: no split {cfg['hf_split']!r} (data.hf_split; splits: {', '.join(splits)})")
+        path = os.path.join(path, cfg["hf_split"])
+    with open(os.path.join(path, "state.json")) as fh:
+        names = [entry["filename"] for entry in json.load(fh)["_data_files"]]
+    field = cfg["text_field"]
+    for name in names:
+        with open(os.path.join(path, name), "rb") as fh:
+            yield from _arrow_values(pa.ipc.open_stream(fh), field)
