@@ -24,13 +24,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
-import os
 import sys
-import time
 from pathlib import Path
 
-from gpu_cases import launch_case  # benchmarks/gpu_cases.py
+from gpu_cases import add_case_args, in_torchrun, run_cases, timed_steps  # benchmarks/gpu_cases.py
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
@@ -68,7 +65,6 @@ def run_case(case: dict) -> dict:
 
     from llmpipe import config as cfgmod
     from llmpipe.backends.colossal import train as ct
-    from llmpipe.plan.arithmetic import Shape, flops_per_token, matmul_parameters, parameters
     from llmpipe.train.loss import lm_loss_sum
     from llmpipe.train.optim import build_optimizer
 
@@ -127,34 +123,7 @@ def run_case(case: dict) -> dict:
 
     gen = torch.Generator().manual_seed(rank)
     batches = [torch.randint(0, hf.vocab_size, (micro, seq), generator=gen).to(device) for _ in range(2)]
-    sync = torch.cuda.synchronize if on_gpu else (lambda: None)
-    for i in range(case["warmup"]):
-        step(batches[i % 2])
-    sync()
-    dist.barrier()
-    start = time.perf_counter()
-    for i in range(case["steps"]):
-        step(batches[i % 2])
-    sync()
-    dist.barrier()
-    elapsed = time.perf_counter() - start
-    shape = Shape.from_hf(hf.to_dict())
-    n = parameters(shape)
-    tok_s_gpu = case["steps"] * micro * seq / elapsed
-    out = {
-        **case,
-        "world": world,
-        "parameters": n,
-        "attention": attn,
-        "step_s": elapsed / case["steps"],
-        "tokens_per_s_per_gpu": tok_s_gpu,
-        "model_tflops_per_gpu": tok_s_gpu * flops_per_token(shape, matmul_parameters(shape, n), seq) / 1e12,
-        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if on_gpu else None,
-        "device": torch.cuda.get_device_name() if on_gpu else "cpu",
-    }
-    dist.barrier()
-    dist.destroy_process_group()
-    return out
+    return timed_steps(step, batches, case, hf, world, on_gpu, attention=attn)
 
 
 # ---------------------------------------------------------------- driver
@@ -162,26 +131,13 @@ def run_case(case: dict) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--gpus", type=int, default=None, help="processes (default: all visible GPUs)")
+    add_case_args(p)
     p.add_argument("--shapes", default="1b,7b")
     p.add_argument("--plugins", default="gemini,gemini_auto,zero2,torch")
-    p.add_argument("--seq", type=int, default=4096)
-    p.add_argument("--micro", type=int, default=1, help="sequences per GPU per step")
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--no-gc", action="store_true", help="colossal plugins without gradient checkpointing")
-    p.add_argument("--peak-tflops", type=float, default=None)
-    p.add_argument("--timeout", type=int, default=1800, help="seconds per case")
-    p.add_argument("--out", default=None, help="JSON results")
     p.add_argument("--tiny", action="store_true", help="check the script on CPU: tiny shape, ddp + torch, 2 processes")
-    p.add_argument("--case", help=argparse.SUPPRESS)
-    p.add_argument("--result", help=argparse.SUPPRESS)
     args = p.parse_args()
-
-    if args.case:  # inside torchrun
-        out = run_case(json.loads(args.case))
-        if int(os.environ.get("RANK", "0")) == 0:
-            Path(args.result).write_text(json.dumps(out))
+    if in_torchrun(args, run_case):
         return
 
     import torch
@@ -191,11 +147,10 @@ def main() -> None:
         args.gpus = args.gpus or 2
     elif not torch.cuda.is_available():
         raise SystemExit("no CUDA GPU visible: this benchmark measures GPU throughput (--tiny checks the script on CPU)")
-    gpus = args.gpus or torch.cuda.device_count()
-    results = []
-    for shape in args.shapes.split(","):
-        for plugin in args.plugins.split(","):
-            case = {
+    named = [
+        (
+            f"{shape:>4} {plugin:<12}",
+            {
                 "shape": shape,
                 "plugin": plugin,
                 "seq": args.seq,
@@ -203,10 +158,12 @@ def main() -> None:
                 "steps": args.steps,
                 "warmup": args.warmup,
                 "gc": plugin != "torch" and not args.no_gc,
-            }
-            results.append(launch_case(__file__, case, f"{shape:>4} {plugin:<12}", gpus, args.timeout, args.peak_tflops))
-    if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+            },
+        )
+        for shape in args.shapes.split(",")
+        for plugin in args.plugins.split(",")
+    ]
+    run_cases(__file__, named, args, args.gpus or torch.cuda.device_count())
 
 
 if __name__ == "__main__":

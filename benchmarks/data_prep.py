@@ -21,89 +21,27 @@ import compileall
 import functools
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
+
+from encoder_alone import BATCH, corpus_texts, count, encoder, two_processes  # benchmarks/encoder_alone.py
+from peak import children_cpu, sampled  # benchmarks/peak.py
 
 REPO = Path(__file__).resolve().parents[1]
 GPT2 = REPO / "data" / "tokenizers" / "gpt2"
 SEQ = 4096
 CONFIG_CACHE = "LLMPIPE_CONFIG_CACHE"  # llmpipe.config.CACHE_ENV
-PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-def tree_rss(root: int) -> int:
-    """Sum of the resident set sizes of `root` and all its descendants, from one read of /proc/N/stat
-    per process (ppid and rss are both there): cheap enough to sample often without slowing the run."""
-    parent, rss = {}, {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as fh:
-                fields = fh.read().rpartition(b")")[2].split()
-        except OSError:  # the process ended while we listed it
-            continue
-        pid = int(name)
-        parent[pid], rss[pid] = int(fields[1]), int(fields[21]) * PAGE
-    total, todo = 0, [root]
-    children: dict[int, list[int]] = {}
-    for pid, ppid in parent.items():
-        children.setdefault(ppid, []).append(pid)
-    while todo:
-        pid = todo.pop()
-        total += rss.get(pid, 0)
-        todo.extend(children.get(pid, ()))
-    return total
-
-
-def tree_anon(root: int) -> int:
-    """Anonymous memory (RssAnon: the heap, not the file pages a process has mapped, which the kernel can
-    drop) of `root` and its descendants, from /proc/N/status."""
-    total, todo = 0, [root]
-    while todo:
-        pid = todo.pop()
-        try:
-            status = Path(f"/proc/{pid}/status").read_text()
-            todo += [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-        except OSError:
-            continue
-        total += next((int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("RssAnon:")), 0)
-    return total
 
 
 def measure(cmd: list[str], anon_too: bool = False) -> dict:
     """Run a worker; return its JSON result plus wall time and peak tree RSS (sampled every 50 ms)."""
-    start, cpu = time.perf_counter(), _children_cpu()
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO / "src"), "TOKENIZERS_PARALLELISM": "true"},
-    )
-    peak = [0, 0]
-
-    def poll():
-        while proc.poll() is None:
-            peak[0] = max(peak[0], tree_rss(proc.pid))
-            if anon_too:
-                peak[1] = max(peak[1], tree_anon(proc.pid))
-            time.sleep(0.05)
-
-    t = threading.Thread(target=poll)
-    t.start()
-    out, err = proc.communicate()
-    t.join()
-    if proc.returncode:
-        raise SystemExit(f"{cmd} failed:\n{err[-3000:]}")
-    result = json.loads(out.strip().splitlines()[-1])
-    return {**result, "wall": time.perf_counter() - start, "cpu": _children_cpu() - cpu, "rss": peak[0], "anon": peak[1]}
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "TOKENIZERS_PARALLELISM": "true"}
+    out, wall, cpu, rss, anon = sampled(cmd, env, anon_too)
+    return {**json.loads(out.strip().splitlines()[-1]), "wall": wall, "cpu": cpu, "rss": rss, "anon": anon}
 
 
 # ------------------------------------------------------------------ workers (run in a child process)
@@ -149,11 +87,11 @@ def worker_ours(corpus: str, work: Path, backend: str, records: int | None, copi
     py = [sys.executable, "-m", "llmpipe"]
     os.environ[CONFIG_CACHE] = str(work / "config-cache")  # empty: each run pays the first run's config checks
     store = work / "tokens"
-    stages, cpu, last = {}, {}, [time.perf_counter(), _children_cpu()]
+    stages, cpu, last = {}, {}, [time.perf_counter(), children_cpu()]
     began = list(last)
 
     def lap(name):  # wall and CPU seconds of the stage's processes
-        now, used = time.perf_counter(), _children_cpu()
+        now, used = time.perf_counter(), children_cpu()
         stages[name], cpu[name] = round(now - last[0], 2), round(used - last[1], 2)
         last[:] = now, used
 
@@ -230,20 +168,11 @@ def worker_ours(corpus: str, work: Path, backend: str, records: int | None, copi
     return {"tokens": tokens, "encoders": encoders, "stages": stages, "stages_cpu": cpu, **pipeline}
 
 
-def _texts(corpus: str) -> list[str]:
-    import gzip
-
-    import orjson
-
-    with gzip.open(corpus, "rb") as fh:
-        return [orjson.loads(line)["text"] for line in fh]
-
-
 def worker_alone(corpus: str, which: str, copies: int = 1) -> dict:
     """The encoder alone, text already in memory, in 2 forked processes of 1 thread (as our 2 tokenize jobs
     run): tiktoken's encode_ordinary, or HF's encode_batch_fast (the calls our two paths make); with
     `copies`, each process encodes its half that many times (the text of a corpus `copies` times as large)."""
-    secs, tokens, cpu = two_processes(_texts(corpus), functools.partial(_count, which), copies)
+    secs, tokens, cpu = two_processes(corpus_texts(corpus), functools.partial(count, which), copies)
     return {"tokens": tokens, "alone_s": secs, "alone_cpu": cpu}
 
 
@@ -253,13 +182,13 @@ def worker_floor(corpus: str, which: str, work: Path) -> dict:
     file; no config, no checks, no store, no views. What is left between it and the encoder alone is what
     any pipeline of separate steps pays: process start, imports, loading the encoder, reading, writing."""
     me = [sys.executable, __file__, "--corpus", corpus, "--worker", f"part-{which}"]
-    before, start = _children_cpu(), time.perf_counter()
+    before, start = children_cpu(), time.perf_counter()
     jobs = [subprocess.Popen(me + ["--part", str(i), "--out", str(work / f"{i}.bin")], stdout=subprocess.PIPE) for i in range(2)]
     outs = [j.communicate()[0] for j in jobs]
     if any(j.returncode for j in jobs):
         raise SystemExit(f"floor ({which}): a part failed")
     tokens = sum(map(int, outs))
-    return {"tokens": tokens, "floor_s": time.perf_counter() - start, "floor_cpu": _children_cpu() - before}
+    return {"tokens": tokens, "floor_s": time.perf_counter() - start, "floor_cpu": children_cpu() - before}
 
 
 def floor_part(corpus: str, which: str, part: int, out: str) -> int:
@@ -269,7 +198,7 @@ def floor_part(corpus: str, which: str, part: int, out: str) -> int:
     import orjson
     from isal import igzip
 
-    encode = _encoder(which)
+    encode = encoder(which)
     eos, tokens = [50256], 0  # GPT-2's <|endoftext|>, as our tokenize appends
     with igzip.open(corpus, "rb") as fh, open(out, "wb") as w:
         lines = (line for i, line in enumerate(fh) if i % 2 == part)
@@ -282,7 +211,7 @@ def floor_part(corpus: str, which: str, part: int, out: str) -> int:
 
 def worker_encode(corpus: str, work: Path) -> dict:
     """HF encode_batch and encode_batch_fast in one process with 2 threads, text already in memory."""
-    texts = _texts(corpus)
+    texts = corpus_texts(corpus)
     os.environ["RAYON_NUM_THREADS"] = "2"
     from tokenizers import Tokenizer
 
@@ -293,58 +222,6 @@ def worker_encode(corpus: str, work: Path) -> dict:
     fast = sum(len(e.ids) for e in tok.encode_batch_fast(texts, add_special_tokens=False))
     assert fast == tokens
     return {"tokens": tokens, "encode_s": mid - start, "encode_fast_s": time.perf_counter() - mid}
-
-
-BATCH = 256  # texts per encoder call where the call takes a batch (HF), as our HF path batches
-
-
-def _encoder(which: str):
-    """The encoder alone, 1 thread, as a call from texts to their id lists: tiktoken's encode_ordinary per
-    text over GPT-2's ranks (built as llmpipe builds them), or HF's encode_batch_fast (the calls our two
-    paths make). Lazy: each id list is made when it is taken and freed once used, as a raw encode is."""
-    if which == "tiktoken":
-        from llmpipe.data.encoders import _tiktoken_core
-        from llmpipe.data.tokenizer import _file_key
-
-        enc = _tiktoken_core(_file_key(GPT2))[0]
-        return lambda texts: (enc.encode_ordinary(t) for t in texts)
-    os.environ["RAYON_NUM_THREADS"] = "1"
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(str(GPT2 / "tokenizer.json"))
-    return lambda texts: (e.ids for e in tok.encode_batch_fast(texts, add_special_tokens=False))
-
-
-def _count(which: str, texts: list[str]) -> int:
-    """Tokens of the texts by the encoder alone, in batches of BATCH."""
-    encode = _encoder(which)
-    return sum(len(ids) for i in range(0, len(texts), BATCH) for ids in encode(texts[i : i + BATCH]))
-
-
-def two_processes(texts: list[str], count, copies: int = 1) -> tuple[float, int, float]:
-    """(wall s, tokens, CPU s) of count(half the texts), `copies` times, in each of 2 forked processes, text
-    already in memory."""
-    before = _children_cpu()
-    start, children = time.perf_counter(), []
-    for part in range(2):
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            os.write(write, str(sum(count(texts[part::2]) for _ in range(copies))).encode())
-            os._exit(0)
-        os.close(write)
-        children.append((pid, read))
-    tokens = 0
-    for pid, read in children:
-        tokens += int(os.read(read, 64))
-        os.waitpid(pid, 0)
-    return time.perf_counter() - start, tokens, _children_cpu() - before
-
-
-def _children_cpu() -> float:
-    """CPU seconds (user + system) of every child process waited for so far."""
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
 
 
 def worker(args) -> None:

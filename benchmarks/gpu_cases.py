@@ -4,12 +4,14 @@ one line a case; a failed case prints the failing rank's own error (torchrun's p
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -99,3 +101,74 @@ def launch_case(script: str, case: dict, name: str, gpus: int, timeout: int, pea
         flush=True,
     )
     return r
+
+
+def timed_steps(step, batches: list, case: dict, hf_config, world: int, on_gpu: bool, **extra) -> dict:
+    """Inside torchrun: `case["warmup"]` steps, then `case["steps"]` timed (all ranks in step), and the
+    result: tokens/s/GPU and model TFLOP/s/GPU by the plan's arithmetic (llmpipe.plan.arithmetic)."""
+    import torch
+    import torch.distributed as dist
+
+    from llmpipe.plan.arithmetic import Shape, flops_per_token, matmul_parameters, parameters
+
+    sync = torch.cuda.synchronize if on_gpu else (lambda: None)
+    for i in range(case["warmup"]):
+        step(batches[i % len(batches)])
+    sync()
+    dist.barrier()
+    start = time.perf_counter()
+    for i in range(case["steps"]):
+        step(batches[i % len(batches)])
+    sync()
+    dist.barrier()
+    elapsed = time.perf_counter() - start
+    shape = Shape.from_hf(hf_config.to_dict())
+    n = parameters(shape)
+    seq = case["seq"]
+    tok_s_gpu = case["steps"] * case["micro"] * seq / elapsed
+    out = {
+        **case,
+        "world": world,
+        "parameters": n,
+        **extra,
+        "step_s": elapsed / case["steps"],
+        "tokens_per_s_per_gpu": tok_s_gpu,
+        "model_tflops_per_gpu": tok_s_gpu * flops_per_token(shape, matmul_parameters(shape, n), seq) / 1e12,
+        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if on_gpu else None,
+        "device": torch.cuda.get_device_name() if on_gpu else "cpu",
+    }
+    dist.barrier()
+    dist.destroy_process_group()
+    return out
+
+
+def add_case_args(p) -> None:
+    """The driver's options both GPU benchmarks take, and the hidden ones torchrun's processes get."""
+    p.add_argument("--gpus", type=int, default=None, help="processes (default: all visible GPUs)")
+    p.add_argument("--seq", type=int, default=4096)
+    p.add_argument("--micro", type=int, default=1, help="sequences per GPU per step")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--peak-tflops", type=float, default=None)
+    p.add_argument("--timeout", type=int, default=1800, help="seconds per case")
+    p.add_argument("--out", default=None, help="JSON results")
+    p.add_argument("--case", help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
+
+
+def in_torchrun(args, run_case) -> bool:
+    """Inside torchrun (--case): run the case, rank 0 writes its result; True. The driver: False."""
+    if not args.case:
+        return False
+    out = run_case(json.loads(args.case))
+    if int(os.environ.get("RANK", "0")) == 0:
+        Path(args.result).write_text(json.dumps(out))
+    return True
+
+
+def run_cases(script: str, named: list[tuple[str, dict]], args, gpus: int) -> list[dict]:
+    """Each (printed name, case) in its own torchrun, one line a case; the results in --out (JSON)."""
+    results = [launch_case(script, case, name, gpus, args.timeout, args.peak_tflops) for name, case in named]
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    return results

@@ -24,13 +24,11 @@ no GPU was available when this was written.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import time
 from pathlib import Path
 
-from gpu_cases import launch_case  # benchmarks/gpu_cases.py
+from gpu_cases import add_case_args, in_torchrun, run_cases, timed_steps  # benchmarks/gpu_cases.py
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
@@ -75,7 +73,6 @@ def run_case(case: dict) -> dict:
 
     from llmpipe import config as cfgmod
     from llmpipe.backends.torch.train import autocast_dtype, compile_layers, full_norm, fully_shard_model
-    from llmpipe.plan.arithmetic import Shape, flops_per_token, matmul_parameters, parameters
     from llmpipe.train.documents import attention_kernel, model_inputs
     from llmpipe.train.loss import lm_loss_sum
     from llmpipe.train.optim import build_optimizer
@@ -125,35 +122,7 @@ def run_case(case: dict) -> dict:
         }
         for _ in range(2)
     ]
-    sync = torch.cuda.synchronize if on_gpu else (lambda: None)
-    for i in range(case["warmup"]):
-        step(batches[i % 2])
-    sync()
-    dist.barrier()
-    start = time.perf_counter()
-    for i in range(case["steps"]):
-        step(batches[i % 2])
-    sync()
-    dist.barrier()
-    elapsed = time.perf_counter() - start
-    shape = Shape.from_hf(hf.to_dict())
-    n = parameters(shape)
-    tok_s_gpu = case["steps"] * micro * seq / elapsed
-    out = {
-        **case,
-        "world": world,
-        "parameters": n,
-        "precision": str(amp or "fp32"),
-        "attention": attn,
-        "step_s": elapsed / case["steps"],
-        "tokens_per_s_per_gpu": tok_s_gpu,
-        "model_tflops_per_gpu": tok_s_gpu * flops_per_token(shape, matmul_parameters(shape, n), seq) / 1e12,
-        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if on_gpu else None,
-        "device": torch.cuda.get_device_name() if on_gpu else "cpu",
-    }
-    dist.barrier()
-    dist.destroy_process_group()
-    return out
+    return timed_steps(step, batches, case, hf, world, on_gpu, precision=str(amp or "fp32"), attention=attn)
 
 
 # ---------------------------------------------------------------- driver
@@ -184,28 +153,15 @@ def cases(args) -> list[dict]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--gpus", type=int, default=None, help="processes (default: all visible GPUs)")
+    add_case_args(p)
     p.add_argument("--shape", default="1b", choices=sorted(SHAPES))
     p.add_argument("--modes", default="minimal,ddp,fsdp2")
     p.add_argument("--compile", default="off,on", help="off, on or both (off,on)")
     p.add_argument("--masking", default="off,on", help="document masking: off, on or both")
-    p.add_argument("--seq", type=int, default=4096)
-    p.add_argument("--micro", type=int, default=1, help="sequences per GPU per step")
     p.add_argument("--doc-len", type=int, default=1024, help="mean document length with masking on")
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--peak-tflops", type=float, default=None)
-    p.add_argument("--timeout", type=int, default=1800, help="seconds per case")
-    p.add_argument("--out", default=None, help="JSON results")
     p.add_argument("--cpu-smoke", action="store_true", help="check the script on CPU: tiny shape, 2 gloo processes")
-    p.add_argument("--case", help=argparse.SUPPRESS)
-    p.add_argument("--result", help=argparse.SUPPRESS)
     args = p.parse_args()
-
-    if args.case:  # inside torchrun
-        out = run_case(json.loads(args.case))
-        if int(os.environ.get("RANK", "0")) == 0:
-            Path(args.result).write_text(json.dumps(out))
+    if in_torchrun(args, run_case):
         return
 
     import torch
@@ -218,13 +174,14 @@ def main() -> None:
             "no CUDA GPU available: nothing measured (this benchmark measures GPU throughput; --cpu-smoke checks the script on CPU)"
         )
         return
-    gpus = args.gpus or torch.cuda.device_count()
-    results = []
-    for case in cases(args):
-        name = f"{case['shape']:>4} {case['mode']:<8} compile {'on ' if case['compile'] else 'off'} masking {'on ' if case['masking'] else 'off'}"
-        results.append(launch_case(__file__, case, name, gpus, args.timeout, args.peak_tflops))
-    if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    named = [
+        (
+            f"{c['shape']:>4} {c['mode']:<8} compile {'on ' if c['compile'] else 'off'} masking {'on ' if c['masking'] else 'off'}",
+            c,
+        )
+        for c in cases(args)
+    ]
+    results = run_cases(__file__, named, args, args.gpus or torch.cuda.device_count())
     if any("error" in r for r in results) and args.cpu_smoke:
         raise SystemExit("a case failed")
 
