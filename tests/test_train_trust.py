@@ -201,6 +201,7 @@ def test_changed_hyperparameter_stops_before_any_job_and_deletes_nothing(tmp_pat
 def test_trainers_share_one_core_no_copies():
     """torch, colossal and levanter trainers use llmpipe.train's metrics, fingerprint, optimizer, loss and
     checkpoint steps; none defines its own."""
+    from llmpipe.backends.colossal import checkpoint as colossal_ckpt  # the colossal trainer's Saver
     from llmpipe.backends.colossal import train as colossal
     from llmpipe.backends.levanter import train as levanter
     from llmpipe.backends.torch import checkpoint as torch_ckpt
@@ -222,7 +223,7 @@ def test_trainers_share_one_core_no_copies():
             assert getattr(module, name) is obj, (module.__name__, name)
         for old in ("Metrics", "loss_sum", "IGNORE_INDEX", "RESUME_NEUTRAL", "hashlib"):
             assert not hasattr(module, old), (module.__name__, old)
-    assert colossal.seal is checkpoint.seal and colossal.step_dir is checkpoint.step_dir
+    assert colossal_ckpt.seal is checkpoint.seal and colossal_ckpt.step_dir is checkpoint.step_dir
     assert torch_ckpt.seal is checkpoint.seal and torch_ckpt.prune is checkpoint.prune
     for name in ("newest_intact", "complete_steps", "damaged", "STEP_RE"):
         assert not hasattr(torch_ckpt, name), name
