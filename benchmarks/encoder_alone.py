@@ -1,5 +1,7 @@
-"""The encoder alone, the baseline of the data benchmarks: tiktoken's encode_ordinary or HF's
-encode_batch_fast (the calls our two paths make), 1 thread a process, text already in memory."""
+"""The encoder alone, the baseline of the data benchmarks, 1 thread a process, text already in memory:
+tiktoken's encode_ordinary per document (its API for plain text), tiktoken's one call per batch of
+documents joined by <|endoftext|> (`tiktoken-joined`: the call our tiktoken path makes, the stricter
+baseline), or HF's encode_batch_fast (the call our HF path makes)."""
 
 from __future__ import annotations
 
@@ -23,14 +25,17 @@ def corpus_texts(corpus: str) -> list[str]:
 
 
 def encoder(which: str):
-    """The encoder alone, 1 thread, as a call from texts to their id lists: tiktoken's encode_ordinary per
-    text over GPT-2's ranks (built as llmpipe builds them), or HF's encode_batch_fast (the calls our two
-    paths make). Lazy: each id list is made when it is taken and freed once used, as a raw encode is."""
-    if which == "tiktoken":
+    """The encoder alone (`which`: see the module), 1 thread, as a call from texts to their id lists, over
+    GPT-2 (tiktoken's ranks built as llmpipe builds them). Lazy: each id list is made when it is taken
+    and freed once used, as a raw encode is."""
+    if which.startswith("tiktoken"):
         from llmpipe.data.encoders import _tiktoken_core
         from llmpipe.data.tokenizer import _file_key
 
         enc = _tiktoken_core(_file_key(GPT2))[0]
+        if which == "tiktoken-joined":  # one array per batch; the slice leaves out one token per document (its EOS)
+            eos = "<|endoftext|>"
+            return lambda texts: [enc.encode_to_numpy(eos.join(texts) + eos, allowed_special="all")[len(texts) :]]
         return lambda texts: (enc.encode_ordinary(t) for t in texts)
     os.environ["RAYON_NUM_THREADS"] = "1"
     from tokenizers import Tokenizer

@@ -1,6 +1,7 @@
 """The data engine's fast paths give exactly what the plain ones give (issue 3, Performance):
 batched rows vs row(), batched shard writes vs per-document arrays, records of other shards left
-unparsed, the byte-level vocabulary check, the HF encoder's ids vs AutoTokenizer's."""
+unparsed, the byte-level vocabulary check, the HF encoder's ids vs AutoTokenizer's, tiktoken's joined call
+vs encoding each document alone."""
 
 import json
 
@@ -9,12 +10,17 @@ import orjson
 import pytest
 
 from llmpipe import config as cfgmod
+from llmpipe.data import shard_set
 from llmpipe.data.encoders import HFEncoder, TiktokenEncoder, make_encoder
+from llmpipe.data.get_data import get_data, load_sources
 from llmpipe.data.pack import Layout, row, rows
 from llmpipe.data.readers import BadRecord, ReadStats, documents
 from llmpipe.data.shard_set import SplitWriter as _SplitWriter
+from llmpipe.data.tokenize import tokenize_shard
 from llmpipe.data.tokenizer import load_tokenizer
-from tests.conftest import GPT2, corpus_docs, prepare, tiny_config, write_jsonl
+from tests.conftest import GPT2, SHARED_DATA, corpus_docs, prepare, tiny_config, write_jsonl
+
+LLAMA3 = SHARED_DATA / "tokenizers" / "llama3"
 
 
 @pytest.mark.parametrize("remainder", ["drop", "pad", "carry"])
@@ -146,3 +152,59 @@ def test_hf_view_files_equal_what_datasets_writes(tmp_path, gpt2_store, seq_len,
     assert (out / "dataset_info.json").read_text() == json.dumps({k: info[k] for k in sorted(info)}, indent=2)
     loaded = datasets.load_from_disk(str(out))
     assert loaded.features == features and loaded.num_rows == table.num_rows
+
+
+EDGE_DOCS = ["", " ", "ends with spaces   ", "\n\nstarts with new lines", "tabs\t\t", "ünïcödé 😀 日本語", "'s 're", "x"]
+
+
+def test_joined_tiktoken_call_gives_each_documents_own_ids():
+    """encode_docs: one tiktoken call on documents joined by EOS gives, per document, the HF tokenizer's ids
+    of that document alone + EOS; whitespace at a document's end never merges into the next one."""
+    docs = corpus_docs(20) + EDGE_DOCS + EDGE_DOCS[::-1]
+    fast, hf = TiktokenEncoder(GPT2, 1), HFEncoder(GPT2, 1)
+    ids, lengths = fast.encode_docs(docs, [], [50256])
+    want = [d + [50256] for d in hf.encode_batch(docs)]
+    assert lengths.tolist() == [len(w) for w in want]
+    assert ids.tolist() == [t for w in want for t in w]
+
+
+def test_joined_tiktoken_call_declines_what_it_cannot_do_exactly():
+    fast = TiktokenEncoder(GPT2, 1)
+    assert fast.encode_docs(["a", "literal <|endoftext|> inside"], [], [50256]) is None  # HF matches it: per document
+    assert fast.encode_docs(["a"], [], [13]) is None  # "." is no added token: it cannot mark the end
+    assert fast.encode_docs(["a"], [50256], [50256]) is None  # BOS == EOS: the ends cannot be told apart
+    fast.set_long(long_chars=100)
+    assert fast.encode_docs(["a", "b" * 101], [], [50256]) is None  # long documents go piecewise
+
+
+@pytest.mark.skipif(not LLAMA3.is_dir(), reason="needs ../shared/data/tokenizers/llama3")
+def test_joined_tiktoken_call_with_bos_equals_hf():
+    docs = corpus_docs(10) + EDGE_DOCS
+    ids, lengths = TiktokenEncoder(LLAMA3, 1).encode_docs(docs, [128000], [128001])
+    want = [[128000] + d + [128001] for d in HFEncoder(LLAMA3, 1).encode_batch(docs)]
+    assert ids.dtype == np.uint32 and lengths.tolist() == [len(w) for w in want]
+    assert ids.tolist() == [t for w in want for t in w]
+
+
+def test_shard_from_joined_calls_equals_the_per_document_path(tmp_path, monkeypatch):
+    """The tiktoken path's store is byte for byte the one of encoding each document alone."""
+    docs = corpus_docs(30) + EDGE_DOCS[1:] + ["literal <|endoftext|> inside a document"]
+    write_jsonl(tmp_path / "corpus.jsonl", docs)
+    cfg = tiny_config(tmp_path, tokenizer={"source": str(GPT2), "backend": "tiktoken"}, data={"num_shards": 1})
+    get_data(cfg["data"], tmp_path / "sources.json")
+    sources = load_sources(tmp_path / "sources.json")
+    monkeypatch.setattr(shard_set, "BATCH_DOCS", 8)  # batches without the literal and one with it
+    calls = []
+    joined = TiktokenEncoder.encode_docs
+
+    def counted(self, *args):
+        out = joined(self, *args)
+        calls.append(out is not None)
+        return out
+
+    monkeypatch.setattr(TiktokenEncoder, "encode_docs", counted)
+    tokenize_shard(cfg, sources, 0, GPT2, tmp_path / "joined.safetensors")
+    assert calls.count(True) >= 1 and calls.count(False) >= 1  # joined calls wrote; the batch with the literal did not
+    monkeypatch.setattr(TiktokenEncoder, "encode_docs", lambda self, *a: None)
+    tokenize_shard(cfg, sources, 0, GPT2, tmp_path / "per-document.safetensors")
+    assert (tmp_path / "joined.safetensors").read_bytes() == (tmp_path / "per-document.safetensors").read_bytes()

@@ -9,6 +9,8 @@ import logging
 import re
 from pathlib import Path
 
+import numpy as np
+
 from llmpipe.data import long_docs
 from llmpipe.data.long_docs import GPT2_PATTERN
 from llmpipe.data.tokenizer import _file_key, load_backend
@@ -207,9 +209,11 @@ def _tiktoken_core(key: tuple):
             ranks[token.translate(table).encode("latin-1")] = rank
         except UnicodeEncodeError:
             raise ValueError(f"vocabulary entry {token!r} is not byte-level") from None
-    enc = tiktoken.Encoding("llmpipe", pat_str=pattern, mergeable_ranks=ranks, special_tokens={})
-    contents = [t["content"] for t in spec.get("added_tokens", [])]
-    return enc, pattern, (re.compile("|".join(map(re.escape, contents))) if contents else None)
+    # the added tokens as tiktoken special tokens: encode_ordinary ignores them; encode_docs joins
+    # documents with them (tiktoken encodes the text between special tokens as texts of their own)
+    added = {t["content"]: t["id"] for t in spec.get("added_tokens", [])}
+    enc = tiktoken.Encoding("llmpipe", pat_str=pattern, mergeable_ranks=ranks, special_tokens=added)
+    return enc, pattern, (re.compile("|".join(map(re.escape, added))) if added else None)
 
 
 class TiktokenEncoder(_LongDocuments):
@@ -253,6 +257,27 @@ class TiktokenEncoder(_LongDocuments):
         ):
             return self.hf._long(text, where)
         return super()._long(text, where)
+
+    def encode_docs(self, texts: list[str], prefix: list[int], suffix: list[int]):
+        """(token array, length of each document) of `texts`, each as prefix + ids + suffix, from one
+        tiktoken call on the texts joined by the prefix and suffix tokens: tiktoken encodes the text
+        between special tokens as separate texts, so the ids are those of encoding each document alone,
+        without a Python int per token. None where it does not apply: a suffix other than one added token
+        (not also in the prefix), a text holding an added token's text, or a long document (the caller
+        takes the per-document path)."""
+        text_of = {i: t for t, i in self.enc._special_tokens.items()}
+        if len(suffix) != 1 or suffix[0] in prefix or not all(i in text_of for i in prefix + suffix):
+            return None
+        if any(type(t) is not str or len(t) > self.long_chars for t in texts):
+            return None
+        if self.special_re and any(map(self.special_re.search, texts)):
+            return None
+        head, tail = "".join(text_of[i] for i in prefix), text_of[suffix[0]]
+        ids = self.enc.encode_to_numpy(head + (tail + head).join(texts) + tail, allowed_special="all")
+        ends = np.flatnonzero(ids == suffix[0]) + 1
+        if len(ends) != len(texts) or (len(ends) and ends[-1] != ids.size):
+            raise AssertionError(f"tiktoken gave {len(ends)} document ends for {len(texts)} documents")
+        return ids, np.diff(ends, prepend=0)
 
     def _encode(self, texts: list[str]) -> list[list[int]]:
         out = self._encode_piece(texts)

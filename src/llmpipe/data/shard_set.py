@@ -98,6 +98,17 @@ class SplitWriter:
         self.offsets.extend(ends)
         self.doc_ids.extend(dids)
 
+    def add_tokens(self, tokens: np.ndarray, lengths: np.ndarray, dids: list[int]) -> None:
+        """Documents already laid out as one array (prefix + ids + suffix each; any unsigned dtype that
+        holds them) with each one's length: the same bytes as add_batch."""
+        if not len(dids):
+            return
+        data = tokens.astype(self.dtype.newbyteorder("<"), copy=False)
+        self.fh.write(data)
+        self.sha.update(data)
+        self.offsets.frombytes((np.cumsum(lengths, dtype=np.int64) + self.offsets[-1]).astype("<i8").tobytes())
+        self.doc_ids.extend(dids)
+
     def counts(self) -> dict:
         return {"documents": len(self.doc_ids), "tokens": self.offsets[-1]}
 
@@ -246,6 +257,8 @@ class ShardSet:
 
     def _encode(self, out: ShardOutput, batch: list) -> None:
         encoder = self.fast or self.hf
+        if encoder is self.fast and self._encode_joined(out, batch):
+            return
         before = Counter(encoder.stats)
         where = [describe_doc(self.sources, did) for did, _, _ in batch]  # named if the tokenizer fails
         parts = {s: ([], []) for s in SPLITS}
@@ -266,6 +279,28 @@ class ShardSet:
             out.writers[s].add_batch(encoded, dids, self.prefix, self.eos)
             out.writers[s].release()
         out.long.update(Counter(encoder.stats) - before)
+
+    def _encode_joined(self, out: ShardOutput, batch: list) -> bool:
+        """Each split's documents of `batch` in one tiktoken call (TiktokenEncoder.encode_docs): False, nothing
+        written, where that call does not apply or fails (the per-document path then names the document)."""
+        parts = []
+        for s in SPLITS:
+            mine = [(did, text) for did, val, text in batch if val == (s == "val")]
+            try:
+                encoded = self.fast.encode_docs([t for _, t in mine], self.prefix, self.eos) if mine else None
+            except (KeyboardInterrupt, SystemExit, GeneratorExit):
+                raise
+            except BaseException as exc:  # pyo3's PanicException is a BaseException
+                log.warning("tiktoken's joined call failed (%s): this batch goes document by document", exc)
+                return False
+            if mine and encoded is None:
+                return False
+            parts.append((s, [did for did, _ in mine], encoded))
+        for s, dids, encoded in parts:
+            if dids:
+                out.writers[s].add_tokens(*encoded, dids)
+            out.writers[s].release()
+        return True
 
     def finish(self, num_shards: int) -> tuple[dict, list[int]]:
         """Write every shard whose check passed: ({shard: counts}, [shards to write again alone, with HF])."""
