@@ -154,6 +154,42 @@ def test_hf_view_files_equal_what_datasets_writes(tmp_path, gpt2_store, seq_len,
     assert loaded.features == features and loaded.num_rows == table.num_rows
 
 
+def test_hf_view_over_the_file_bound_is_cut_into_files_as_save_to_disk_cuts_it(tmp_path, gpt2_store, monkeypatch):
+    """A view over datasets' 500 MB bound is several files, written at once: the same names and rows per
+    file as Dataset.save_to_disk(max_shard_size=) writes, the same rows as one file, and verify reads them all."""
+    import datasets
+
+    from llmpipe.data.token_store import TokenStore
+    from llmpipe.data.verify import VerifyError, verify_hf
+    from llmpipe.data.views import hf
+
+    store = TokenStore(gpt2_store)
+    hf.write_split(store, "train", tmp_path / "one", 16, "drop", True, 5, True)
+    monkeypatch.setattr(hf, "MAX_FILE_BYTES", 100_000)
+    hf.write_split(store, "train", tmp_path / "many", 16, "drop", True, 5, True)
+    one, many = datasets.load_from_disk(str(tmp_path / "one")), datasets.load_from_disk(str(tmp_path / "many"))
+    assert many.num_rows == one.num_rows and many[:]["input_ids"] == one[:]["input_ids"]
+    assert many[:]["segment_ids"] == one[:]["segment_ids"]
+    one.save_to_disk(str(tmp_path / "ref"), max_shard_size=100_000)
+    names = sorted(p.name for p in (tmp_path / "ref").glob("*.arrow"))
+    assert len(names) > 2 and names == sorted(p.name for p in (tmp_path / "many").glob("*.arrow"))
+    for name in names:
+        rows = [datasets.Dataset.from_file(str(tmp_path / d / name)).num_rows for d in ("ref", "many")]
+        assert rows[0] == rows[1]
+
+    view = tmp_path / "view"
+    for split in ("train", "val"):
+        hf.write_split(store, split, view / split, 16, "drop", split == "train", 5, True)
+    info = {
+        "seq_len": 16,
+        **{s: {"remainder": "drop", "shuffle": s == "train", "seed": 5, "segment_ids": True} for s in ("train", "val")},
+    }
+    assert verify_hf(store, view, info)["train"]["rows"] == one.num_rows
+    (view / "train" / names[1]).unlink()
+    with pytest.raises(VerifyError, match=names[1]):
+        verify_hf(store, view, info)
+
+
 EDGE_DOCS = ["", " ", "ends with spaces   ", "\n\nstarts with new lines", "tabs\t\t", "ünïcödé 😀 日本語", "'s 're", "x"]
 
 

@@ -126,56 +126,58 @@ def verify_hf(store: TokenStore, view: Path, info: dict, data_cfg: dict | None =
                     f"hf/{split}: view.json says segment_ids {segment_ids}, the data config {data_cfg['segment_ids']}"
                 )
             cols = hf._columns(segment_ids, "int16" if seq_len < 2**15 else "int32")
-            data_file = "data-00000-of-00001.arrow"
-            made_by = {
-                "store": store.manifest["fingerprint"],
-                "split": split,
-                "seq_len": seq_len,
-                "remainder": s["remainder"],
-                "shuffle": s["shuffle"],
-                "seed": s["seed"],
-                "segment_ids": segment_ids,
-            }
-            with tempfile.TemporaryDirectory() as tmp:  # the dataset's json files, as the writer makes them
-                hf._finish(
-                    Path(tmp), data_file, hashlib.sha256(json.dumps(made_by, sort_keys=True).encode()).hexdigest(), cols, seq_len
-                )
-                for name in ("state.json", "dataset_info.json"):
-                    if not (folder / name).is_file() or (folder / name).read_bytes() != (Path(tmp) / name).read_bytes():
-                        raise VerifyError(f"{folder / name}: differs from what the hf view writes for this split")
-            extra = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
-            if extra != sorted([data_file, "state.json", "dataset_info.json"]):
-                raise VerifyError(f"{folder}: holds {extra}, expected {data_file}, state.json, dataset_info.json")
-            path = folder / data_file
             with _Stream(store, split) as stream:
                 layout = Layout(stream.size, seq_len, s["remainder"])
+                files = hf.data_files(layout.rows, hf.row_bytes(cols, seq_len))
+                names = [name for name, _ in files]
+                made_by = {
+                    "store": store.manifest["fingerprint"],
+                    "split": split,
+                    "seq_len": seq_len,
+                    "remainder": s["remainder"],
+                    "shuffle": s["shuffle"],
+                    "seed": s["seed"],
+                    "segment_ids": segment_ids,
+                }
+                with tempfile.TemporaryDirectory() as tmp:  # the dataset's json files, as the writer makes them
+                    hf._finish(
+                        Path(tmp), names, hashlib.sha256(json.dumps(made_by, sort_keys=True).encode()).hexdigest(), cols, seq_len
+                    )
+                    for name in ("state.json", "dataset_info.json"):
+                        if not (folder / name).is_file() or (folder / name).read_bytes() != (Path(tmp) / name).read_bytes():
+                            raise VerifyError(f"{folder / name}: differs from what the hf view writes for this split")
+                extra = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+                if extra != sorted([*names, "state.json", "dataset_info.json"]):
+                    raise VerifyError(f"{folder}: holds {extra}, expected {', '.join(names)}, state.json, dataset_info.json")
                 starts = stream.doc_starts() if segment_ids else None
                 perm = order(layout.rows, s["shuffle"], s["seed"])
                 schema = hf._schema(cols, seq_len)
                 k, real = 0, 0
-                with pa.OSFile(str(path)) as fh:
-                    reader = pa.ipc.open_stream(fh)
-                    if not reader.schema.equals(schema, check_metadata=True):
-                        raise VerifyError(f"{path}: schema {reader.schema} differs from the hf view's {schema}")
-                    for batch in reader:
-                        n = batch.num_rows
-                        if k + n > layout.rows:
-                            raise VerifyError(f"{path}: more than the {layout.rows} rows the layout makes")
-                        idx = perm[k : k + n]
-                        ids, mask, segs = _want_rows(stream, layout, idx, store.eos_id, starts)
-                        want = {"input_ids": ids, "attention_mask": mask, "labels": np.where(mask == 1, ids, IGNORE_INDEX)}
-                        if segment_ids:
-                            want["segment_ids"] = segs
-                        for name, w in want.items():
-                            col = batch.column(name)
-                            if col.null_count or col.values.null_count:
-                                raise VerifyError(f"{path}: {name} of rows {k}..{k + n - 1} holds nulls")
-                            got = col.flatten().to_numpy(zero_copy_only=False).reshape(n, seq_len)
-                            _compare(path, k, idx, name, got.astype(np.int64), w.astype(np.int64))
-                        real += int(mask.sum())
-                        k += n
-                if k != layout.rows:
-                    raise VerifyError(f"{path}: {k} rows, the layout makes {layout.rows}")
+                for name, part in files:
+                    path = folder / name
+                    with pa.OSFile(str(path)) as fh:
+                        reader = pa.ipc.open_stream(fh)
+                        if not reader.schema.equals(schema, check_metadata=True):
+                            raise VerifyError(f"{path}: schema {reader.schema} differs from the hf view's {schema}")
+                        for batch in reader:
+                            n = batch.num_rows
+                            if k + n > part.stop:
+                                raise VerifyError(f"{path}: more than the {len(part)} rows of this file ({part.start}..)")
+                            idx = perm[k : k + n]
+                            ids, mask, segs = _want_rows(stream, layout, idx, store.eos_id, starts)
+                            want = {"input_ids": ids, "attention_mask": mask, "labels": np.where(mask == 1, ids, IGNORE_INDEX)}
+                            if segment_ids:
+                                want["segment_ids"] = segs
+                            for col_name, w in want.items():
+                                col = batch.column(col_name)
+                                if col.null_count or col.values.null_count:
+                                    raise VerifyError(f"{path}: {col_name} of rows {k}..{k + n - 1} holds nulls")
+                                got = col.flatten().to_numpy(zero_copy_only=False).reshape(n, seq_len)
+                                _compare(path, k, idx, col_name, got.astype(np.int64), w.astype(np.int64))
+                            real += int(mask.sum())
+                            k += n
+                    if k != part.stop:
+                        raise VerifyError(f"{path}: {k - part.start} rows, the layout puts {len(part)} in this file")
         out[split] = {"rows": layout.rows, "tokens_checked": real, "positions_checked": layout.rows * seq_len}
     return out
 

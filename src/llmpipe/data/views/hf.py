@@ -24,8 +24,27 @@ from llmpipe.data.token_store import TokenStore
 
 log = logging.getLogger(__name__)
 ROWS_PER_BATCH = 256
-AHEAD = 2  # batches made at once, ahead of the writer
+AHEAD = 2  # batches made at once, ahead of the writer (one file)
+WRITERS = 2  # files written at once, each one batch ahead (numpy and the writes free the GIL)
 WRITER_BATCH_SIZE = 1000  # datasets.config.DEFAULT_MAX_BATCH_SIZE, ArrowWriter's record batch limit
+MAX_FILE_BYTES = 500 * 10**6  # datasets.config.MAX_SHARD_SIZE ("500MB"), save_to_disk's bound on a file's data
+
+
+def data_files(rows: int, row_bytes: int) -> list[tuple[str, range]]:
+    """The files save_to_disk writes for `rows` rows of `row_bytes` bytes (int(bytes / MAX_FILE_BYTES) + 1,
+    at most one a row), each with its rows, cut as Dataset.shard(contiguous=True) cuts them."""
+    n = max(1, min(int(rows * row_bytes / MAX_FILE_BYTES) + 1, rows))
+    div, mod = divmod(rows, n)
+    out, a = [], 0
+    for i in range(n):
+        b = a + div + (1 if i < mod else 0)
+        out.append((f"data-{i:05d}-of-{n:05d}.arrow", range(a, b)))
+        a = b
+    return out
+
+
+def row_bytes(cols: dict[str, str], seq_len: int) -> int:
+    return seq_len * sum(np.dtype(v).itemsize for v in cols.values())
 
 
 def _column(batch: np.ndarray, dtype, length: int) -> pa.Array:
@@ -52,7 +71,7 @@ def _schema(cols: dict[str, str], seq_len: int) -> pa.Schema:
     )
 
 
-def _finish(folder: Path, data_file: str, fingerprint: str, cols: dict[str, str], seq_len: int) -> None:
+def _finish(folder: Path, data_files: list[str], fingerprint: str, cols: dict[str, str], seq_len: int) -> None:
     """state.json + dataset_info.json exactly as Dataset.save_to_disk writes them (dataset_info: the
     DatasetInfo that datasets reads back from the file's schema, every other field at its default).
     The fingerprint derives from what made the rows (not random), so a rebuild is byte-identical."""
@@ -63,7 +82,7 @@ def _finish(folder: Path, data_file: str, fingerprint: str, cols: dict[str, str]
         "_format_type": None,
         "_output_all_columns": False,
         "_split": None,
-        "_data_files": [{"filename": data_file}],
+        "_data_files": [{"filename": name} for name in data_files],
     }
     (folder / "state.json").write_text(json.dumps(state, indent=2, sort_keys=True))
     features = {
@@ -103,25 +122,36 @@ def write_split(
     schema = _schema(cols_spec, seq_len)
     perm = order(layout.rows, shuffle, seed)
     out.mkdir(parents=True)
-    data_file = "data-00000-of-00001.arrow"
+    files = data_files(layout.rows, row_bytes(cols_spec, seq_len))
 
-    def batch(k: int) -> pa.RecordBatch:
-        ids, mask, segs = rows(stream.view, layout, perm[k : k + ROWS_PER_BATCH], store.eos_id, starts, np.int32)
+    def batch(k: int, stop: int) -> pa.RecordBatch:
+        ids, mask, segs = rows(stream.view, layout, perm[k : min(k + ROWS_PER_BATCH, stop)], store.eos_id, starts, np.int32)
         labels = ids if mask.all() else np.where(mask == 1, ids, np.int32(IGNORE_INDEX))
         cols = [_column(ids, np.int32, seq_len), _column(mask, np.int8, seq_len), _column(labels, np.int32, seq_len)]
         if segment_ids:
             cols.append(_column(segs, seg_dtype, seq_len))
         return pa.record_batch(cols, schema=schema)
 
-    starts_at = range(0, layout.rows, ROWS_PER_BATCH)
-    with open(out / data_file, "wb") as fh, pa.ipc.new_stream(fh, schema) as writer, ThreadPoolExecutor(AHEAD) as pool:
-        # the next AHEAD batches are made while this one is written (numpy and the write free the GIL)
-        ahead = deque(pool.submit(batch, k) for k in starts_at[:AHEAD])
-        for k in tqdm(starts_at, desc=f"pack hf/{split}", unit=" batches", mininterval=10):
-            done = ahead.popleft().result()
-            if k + AHEAD * ROWS_PER_BATCH < layout.rows:
-                ahead.append(pool.submit(batch, k + AHEAD * ROWS_PER_BATCH))
-            writer.write_table(pa.Table.from_batches([done]), WRITER_BATCH_SIZE)
+    def write_file(name: str, part: range, ahead: int) -> None:
+        starts_at = range(part.start, part.stop, ROWS_PER_BATCH)
+        with open(out / name, "wb") as fh, pa.ipc.new_stream(fh, schema) as writer, ThreadPoolExecutor(ahead) as pool:
+            # the next `ahead` batches are made while this one is written
+            pending = deque(pool.submit(batch, k, part.stop) for k in starts_at[:ahead])
+            for i in range(len(starts_at)):
+                done = pending.popleft().result()
+                if i + ahead < len(starts_at):
+                    pending.append(pool.submit(batch, starts_at[i + ahead], part.stop))
+                writer.write_table(pa.Table.from_batches([done]), WRITER_BATCH_SIZE)
+                progress.update(1)
+
+    total = sum(-(-len(part) // ROWS_PER_BATCH) for _, part in files)
+    with tqdm(total=total, desc=f"pack hf/{split}", unit=" batches", mininterval=10) as progress:
+        if len(files) == 1:
+            write_file(*files[0], AHEAD)
+        else:  # several files (a view over MAX_FILE_BYTES): WRITERS at once
+            with ThreadPoolExecutor(WRITERS) as pool:
+                for done in [pool.submit(write_file, name, part, 1) for name, part in files]:
+                    done.result()
     made_by = {
         "store": store.manifest["fingerprint"],
         "split": split,
@@ -131,7 +161,13 @@ def write_split(
         "seed": seed,
         "segment_ids": segment_ids,
     }
-    _finish(out, data_file, hashlib.sha256(json.dumps(made_by, sort_keys=True).encode()).hexdigest(), cols_spec, seq_len)
+    _finish(
+        out,
+        [name for name, _ in files],
+        hashlib.sha256(json.dumps(made_by, sort_keys=True).encode()).hexdigest(),
+        cols_spec,
+        seq_len,
+    )
     return {**layout.stats(), "shuffle": shuffle, "seed": seed, "segment_ids": segment_ids}
 
 
