@@ -24,26 +24,20 @@ def _lines(fh, size: int | None = None) -> Iterator[bytes | HugeLine]:
     mode and editors count them; JSON never holds a raw CR inside a string), streamed. A line found
     longer than HUGE_RECORD_BYTES comes as a HugeLine (read on from the stream by its consumer)."""
     size = size or limits.LINE_CHUNK
-    buf = bytearray()
+    rest = b""  # the start of a line not ended yet, or ended by a CR that an LF may follow
     while chunk := fh.read(size):
-        start = max(len(buf) - 1, 0)  # a held-back CR may pair with an LF at the chunk's start
-        buf += chunk
-        end = len(buf) - 1 if buf.endswith(b"\r") else len(buf)  # hold back a final CR
-        cut = max(buf.rfind(b"\n", start, end), buf.rfind(b"\r", start, end))
-        if cut >= 0:
-            yield from bytes(buf[: cut + 1]).splitlines(keepends=True)
-            del buf[: cut + 1]
-        elif len(buf) > limits.HUGE_RECORD_BYTES:  # a line too long to hold: handed out as a stream (HugeLine)
-            huge, buf = HugeLine(buf, fh, size), bytearray()
+        # one copy to join the chunk to the rest, one to split it (splitlines cuts at LF, CRLF and CR)
+        lines = (rest + chunk if rest else chunk).splitlines(keepends=True)
+        rest = b"" if lines[-1].endswith(b"\n") else lines.pop()
+        yield from lines
+        if len(rest) > limits.HUGE_RECORD_BYTES:  # a line too long to hold: handed out as a stream (HugeLine)
+            huge = HugeLine(bytearray(rest), fh, size)
             yield huge
-            buf += huge.finish()  # the bytes read past its end: whole lines out now, the last one kept
-            end = len(buf) - 1 if buf.endswith(b"\r") else len(buf)
-            cut = max(buf.rfind(b"\n", 0, end), buf.rfind(b"\r", 0, end))
-            if cut >= 0:
-                yield from bytes(buf[: cut + 1]).splitlines(keepends=True)
-                del buf[: cut + 1]
-    if buf:
-        yield from bytes(buf).splitlines(keepends=True)
+            lines = huge.finish().splitlines(keepends=True)  # the bytes read past its end
+            rest = b"" if not lines or lines[-1].endswith(b"\n") else lines.pop()
+            yield from lines
+    if rest:
+        yield rest
 
 
 class HugeLine:
