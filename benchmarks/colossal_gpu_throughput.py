@@ -79,6 +79,7 @@ def run_case(case: dict) -> dict:
     device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
     attn = ct.attention_impl(True, on_gpu)
     torch.manual_seed(0)
+    offload = None  # Gemini's static placement (gemini case on GPU)
 
     if plugin_name == "torch":  # llmpipe.backends.torch.train's step
         from llmpipe.backends.torch.train import autocast_dtype
@@ -102,7 +103,13 @@ def run_case(case: dict) -> dict:
 
         c = {"plugin": plugin_name, "tp": 1, "pp": 1, "zero_stage": 0}
         precision = ct.precision_of(t, plugin_name, on_gpu)
-        plugin = ct.make_plugin(c, t, precision, attn != "sdpa" or on_gpu, world)
+        if plugin_name == "gemini" and on_gpu:  # static placement from the plan's estimate, as the trainer
+            c["gradient_checkpointing"] = case["gc"]
+            total = torch.cuda.get_device_properties(device).total_memory
+            offload = ct.gemini_placement(c, t, hf.to_dict(), world, total)
+            if rank == 0:
+                print("Gemini static placement:", offload["note"], flush=True)
+        plugin = ct.make_plugin(c, t, precision, attn != "sdpa" or on_gpu, world, offload)
         ctx = LazyInitContext(default_device=device) if plugin_name != "ddp" else contextlib.nullcontext()
         with ctx:
             model = LlamaForCausalLM._from_config(hf, attn_implementation=attn, torch_dtype=torch.float32)
@@ -123,7 +130,8 @@ def run_case(case: dict) -> dict:
 
     gen = torch.Generator().manual_seed(rank)
     batches = [torch.randint(0, hf.vocab_size, (micro, seq), generator=gen).to(device) for _ in range(2)]
-    return timed_steps(step, batches, case, hf, world, on_gpu, attention=attn)
+    out = timed_steps(step, batches, case, hf, world, on_gpu, attention=attn)
+    return {**out, "placement": offload["note"]} if offload else out
 
 
 # ---------------------------------------------------------------- driver

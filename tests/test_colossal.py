@@ -56,6 +56,93 @@ def test_collator_keeps_every_eos_unmasked(prepared):
     assert bool((vb["labels"][pad] == -100).all()) and bool((vb["labels"][~pad] == vb["input_ids"][~pad]).all())
 
 
+PRESET_7B = REPO / "config" / "presets" / "llama-2-7b-colossal.yaml"
+
+
+def preset_7b():
+    """The gpu-colossal preset's 7B: its shape and train section."""
+    from llmpipe.plan.arithmetic import Shape
+
+    preset = yaml.safe_load(PRESET_7B.read_text())
+    shape = Shape.from_hf({**preset["model"], "vocab_size": preset["tokenizer"]["vocab_size"]})
+    return shape, preset["train"], preset["parallel"]
+
+
+def test_gemini_placement_offloads_the_least_optimizer_state_that_fits_one_gpu():
+    """The preset's 7B on one 80 GiB GPU: Gemini's default (all on the GPU) is over the plan's estimate
+    (it ran out of memory on an H100); the placement moves the least optimizer state to CPU that fits."""
+    from llmpipe.backends.colossal.placement import SLACK, STEP, gemini_static
+
+    shape, t, p = preset_7b()
+    gpu = 80 * 2**30
+    one = gemini_static(shape, t["seq_len"], t["micro_batch_size"], 1, 1, p["activation_checkpointing"], gpu)
+    assert one["estimate"]["total"] > one["budget"]  # everything on the GPU does not fit
+    assert 0 < one["offload_optim_frac"] < 1 and one["offload_param_frac"] == 0
+    assert one["placed"]["total"] <= one["budget"] + SLACK
+    assert one["placed"]["optimizer"] == pytest.approx(one["estimate"]["optimizer"] * (1 - one["offload_optim_frac"]))
+    less = one["placed"]["total"] + STEP * one["estimate"]["optimizer"]  # one step less offloaded
+    assert less > one["budget"]
+    # the preset's own layout (8 GPUs, ZeRO-3 over them) fits without offloading anything
+    eight = gemini_static(shape, t["seq_len"], t["micro_batch_size"], 1, p["nproc_per_node"], True, gpu)
+    assert eight["estimate"]["total"] <= eight["budget"]
+    assert (eight["offload_optim_frac"], eight["offload_param_frac"]) == (0.0, 0.0)
+
+
+def test_gemini_placement_offloads_parameters_only_beyond_the_whole_optimizer_state():
+    from llmpipe.backends.colossal.placement import CAP, SLACK, gemini_static
+
+    shape, t, _ = preset_7b()
+    base = gemini_static(shape, t["seq_len"], 1, 1, 1, True, 10**15)["estimate"]
+    model = base["weights"] + base["grads"]
+    gpu = int((base["activations"] + base["logits"] + 0.4 * model) / CAP)  # room for 40 % of the parameters
+    got = gemini_static(shape, t["seq_len"], 1, 1, 1, True, gpu)
+    assert got["offload_optim_frac"] == 1.0 and 0.6 <= got["offload_param_frac"] < 0.7
+    assert got["placed"]["optimizer"] == 0 and got["placed"]["total"] <= got["budget"] + SLACK
+    with pytest.raises(ValueError, match=r"cannot fit .* activations .* lower train.micro_batch_size"):
+        gemini_static(shape, t["seq_len"], 1, 1, 1, False, int(base["activations"] / 2))
+
+
+def test_gemini_placement_keeps_what_the_config_sets_and_the_schema_bounds_it():
+    from llmpipe.backends.colossal.train import gemini_placement
+
+    shape, t, _ = preset_7b()
+    model = {**yaml.safe_load(PRESET_7B.read_text())["model"], "vocab_size": shape.vocab_size}
+    c = {"gradient_checkpointing": True, "offload_optim_frac": 0.3, "offload_param_frac": None}
+    t = {**t, "global_batch_size": t["micro_batch_size"]}
+    got = gemini_placement(c, t, model, 1, 80 * 2**30)
+    assert got["offload_optim_frac"] == 0.3 and got["offload_param_frac"] == 0.0
+    assert "set in colossal" in got["note"] and "offload_optim_frac" in got["note"]
+    from llmpipe import config as cfgmod
+
+    base = {"train": {"backend": "colossal"}}
+    assert cfgmod.validate({**base, "colossal": {"offload_optim_frac": 0.5}})["colossal"]["offload_param_frac"] is None
+    for bad in (1.5, "half"):
+        with pytest.raises(Exception, match="offload_optim_frac"):
+            cfgmod.validate({**base, "colossal": {"offload_optim_frac": bad}})
+
+
+def test_make_plugin_hands_the_placement_to_colossalais_gemini_plugin():
+    """The real GeminiPlugin (ColossalAI 0.5.0, .venvs/colossal) takes the placement as given; built on CPU,
+    not run (Gemini needs CUDA)."""
+    need_env()
+    code = """if True:
+        import json
+        import torch.distributed as dist
+        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)  # as torchrun
+        from llmpipe.backends.colossal.train import make_plugin
+        c = {"plugin": "gemini", "tp": 1, "pp": 1, "zero_stage": 0}
+        t = {"grad_clip": 1.0, "global_batch_size": 2, "micro_batch_size": 2}
+        p = make_plugin(c, t, "bf16", False, 1, {"offload_optim_frac": 0.45, "offload_param_frac": 0.0, "note": "x"})
+        keys = ("placement_policy", "shard_param_frac", "offload_optim_frac", "offload_param_frac")
+        print(json.dumps({k: p.gemini_config[k] for k in keys}))
+    """
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    proc = subprocess.run([str(VENV_PY), "-W", "ignore", "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got == {"placement_policy": "static", "shard_param_frac": 1.0, "offload_optim_frac": 0.45, "offload_param_frac": 0.0}
+
+
 def test_cpu_refuses_gpu_only_layouts_by_name():
     from llmpipe.backends.colossal.train import check_layout
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import logging
 import os
 import socket
@@ -103,7 +104,9 @@ def check_layout(c: dict, world: int, on_gpu: bool) -> None:
             raise ValueError("parallel.pp > 1 needs CUDA GPUs (ColossalAI 0.5.0's pipeline p2p fails on CPU torch builds)")
 
 
-def make_plugin(c: dict, t: dict, precision: str, flash: bool, world: int):
+def make_plugin(c: dict, t: dict, precision: str, flash: bool, world: int, offload: dict | None = None):
+    """The Booster plugin of colossal section `c` (layout_of); `offload`: Gemini's static placement
+    (offload_optim_frac, offload_param_frac; gemini_placement)."""
     from colossalai.booster.plugin import GeminiPlugin, HybridParallelPlugin, LowLevelZeroPlugin, TorchDDPPlugin
 
     clip = t["grad_clip"]
@@ -111,9 +114,11 @@ def make_plugin(c: dict, t: dict, precision: str, flash: bool, world: int):
         return TorchDDPPlugin()
     if c["plugin"] in ("gemini", "gemini_auto"):  # data parallel over the whole world
         accum = grad_accum_steps(t["global_batch_size"], t["micro_batch_size"], world) > 1
+        static = {k: v for k, v in (offload or {}).items() if k in OFFLOAD} if c["plugin"] == "gemini" else {}
         return GeminiPlugin(
             precision=precision,
             placement_policy="static" if c["plugin"] == "gemini" else "auto",
+            **static,
             max_norm=clip,
             initial_scale=1,
             enable_gradient_accumulation=accum,
@@ -135,6 +140,23 @@ def make_plugin(c: dict, t: dict, precision: str, flash: bool, world: int):
         # ColossalAI 0.5.0 crashes (calls None) when asked for fused RMSNorm without apex
         enable_fused_normalization=torch.cuda.is_available() and importlib.util.find_spec("apex") is not None,
     )
+
+
+OFFLOAD = ("offload_optim_frac", "offload_param_frac")
+
+
+def gemini_placement(c: dict, t: dict, model_config: dict, world: int, device_bytes: int) -> dict:
+    """Gemini's static placement: colossal.offload_* as set, null (auto) ones from the plan's memory estimate
+    for this model, batch and GPU (placement.gemini_static); with "note", the log line."""
+    from llmpipe.backends.colossal.placement import describe, gemini_static
+    from llmpipe.plan.arithmetic import Shape
+
+    accum = grad_accum_steps(t["global_batch_size"], t["micro_batch_size"], world)
+    shape = Shape.from_hf(model_config)
+    auto = gemini_static(shape, t["seq_len"], t["micro_batch_size"], accum, world, c["gradient_checkpointing"], device_bytes)
+    chosen = {k: auto[k] if c.get(k) is None else float(c[k]) for k in OFFLOAD}
+    note = describe(auto) + ("" if all(c.get(k) is None for k in OFFLOAD) else f"; set in colossal: {chosen}")
+    return {**chosen, "note": note}
 
 
 def attention_impl(want_flash: bool, on_gpu: bool) -> str:
@@ -252,7 +274,12 @@ class Trainer:
         t, c = self.t, self.c
         self.attn = attention_impl(c["flash_attention"], self.on_gpu)
         flash = self.attn != "sdpa" or self.on_gpu and c["flash_attention"]
-        self.plugin = make_plugin(c, t, self.precision, flash, dist.get_world_size())
+        self.offload = None
+        if c["plugin"] == "gemini":  # on GPU only (check_layout)
+            conf = json.loads((init_dir / "config.json").read_text())
+            props = torch.cuda.get_device_properties(self.device)
+            self.offload = gemini_placement(c, t, conf, dist.get_world_size(), props.total_memory)
+        self.plugin = make_plugin(c, t, self.precision, flash, dist.get_world_size(), self.offload)
         self.lay = Layout(self.plugin, amp=c["plugin"] == "ddp" and self.precision == "bf16")
         self.accum = grad_accum_steps(t["global_batch_size"], t["micro_batch_size"], self.lay.dp_size)
         torch.manual_seed(t["seed"])
@@ -299,6 +326,8 @@ class Trainer:
             c["gradient_checkpointing"],
             type(opt).__name__,
         )
+        if self.offload:
+            log.info("Gemini static placement: %s", self.offload["note"])
 
     def train_step(self, step: int) -> tuple[float, float, float | None]:
         t, lay = self.t, self.lay
