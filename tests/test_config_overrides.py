@@ -71,7 +71,7 @@ def test_nested_and_top_level_values_take_the_schema_types(work):
     [
         (["--configfile", "quoted.yaml"], "train.max_steps", "'160'"),  # a string in a YAML file: not converted
         (["--config", "train={max_steps: lots}"], "train.max_steps", "'lots'"),  # not an integer's spelling
-        (["--config", "train={compile: 1}"], "train.compile", "'1'"),  # a boolean is true / false, not 1
+        (["--config", "train={resume: 1}"], "train.resume", "'1'"),  # a boolean is true / false, not 1
     ],
 )
 def test_what_cannot_be_converted_stops_naming_the_key(work, args, key, value):

@@ -32,6 +32,16 @@ def need_inductor():
         pytest.skip(reason)
 
 
+def test_compile_defaults_to_on_for_cuda_and_off_on_cpu():
+    from llmpipe import config as cfgmod
+    from llmpipe.backends.torch.train import compile_wanted
+
+    default = cfgmod.load(None)["train"]["compile"]
+    assert default == "auto"
+    assert compile_wanted(default, torch.device("cuda", 0)) and not compile_wanted(default, torch.device("cpu"))
+    assert compile_wanted(True, torch.device("cpu")) and not compile_wanted(False, torch.device("cuda", 0))
+
+
 def test_compiled_training_matches_eager(prepared, tmp_path, need_inductor):
     steps = {"max_steps": 4, "eval_interval": 4, "save_interval": 4}
     eager, _ = run_train(prepared, tmp_path, "eager", cfg_over={"train": steps})

@@ -115,6 +115,11 @@ def fully_shard_model(model, amp) -> None:
     fully_shard(model, **kwargs)
 
 
+def compile_wanted(setting, device: torch.device) -> bool:
+    """train.compile (auto | true | false): auto = on CUDA, off elsewhere."""
+    return setting is True or (setting == "auto" and device.type == "cuda")
+
+
 def compile_layers(model) -> None:
     """torch.compile each decoder layer in place (torchtitan's per-block compile): the layers share one
     compiled graph, so compile time does not grow with depth, and module names (state dicts,
@@ -147,6 +152,7 @@ class Trainer:
         self.sampler = Sampler(len(self.train_ds), t["seed"])
         torch.manual_seed(t["seed"])
         self.attention = attention_kernel(self.env.device, self.masking)
+        self.compile = compile_wanted(t["compile"], self.env.device)
         self.model = load_model(init_dir, self.env.device, bool(par.get("activation_checkpointing")), self.attention)
         if self.shard:  # shard before the optimizer sees the parameters (it holds the shards)
             fully_shard_model(self.model, self.amp)
@@ -177,7 +183,7 @@ class Trainer:
         if self.env.world > 1 and not self.fsdp:
             self.ddp = torch.nn.parallel.DistributedDataParallel(self.model)
         self.net = self.ddp or self.model
-        if self.t["compile"]:
+        if self.compile:
             compile_layers(self.model)
         if self.env.main:
             log.info(
@@ -192,7 +198,7 @@ class Trainer:
                 sum(p.numel() for p in self.model.parameters()) * (self.env.world if self.shard else 1),
                 "on" if self.masking else "off",
                 self.attention,
-                "on" if self.t["compile"] else "off",
+                ("on" if self.compile else "off") + (" (auto)" if self.t["compile"] == "auto" else ""),
                 "on" if bool(self.cfg.get("parallel", {}).get("activation_checkpointing")) else "off",
                 self.t["prefetch"],
             )
