@@ -161,7 +161,8 @@ def worker_ours(corpus: str, work: Path, backend: str, records: int | None, copi
         str(work / "hf"),
     )
     lap("pack")
-    floor_s, view_bytes = write_floor(work / "hf", work / "write-floor.bin")
+    # at scale only: the x1 worker's whole time is compared with the recipe's
+    floor_s, view_bytes = write_floor(work / "hf", work / "write-floor.bin") if copies > 1 else (None, None)
     manifest = json.loads((store / "manifest.json").read_text())
     encoders = sorted({s["encoder"] for s in manifest["shards"]})
     tokens = sum(manifest["totals"][s]["tokens"] for s in ("train", "val"))

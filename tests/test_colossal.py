@@ -112,12 +112,15 @@ def test_gemini_placement_keeps_what_the_config_sets_and_the_schema_bounds_it():
     got = gemini_placement(c, t, model, 1, 80 * 2**30)
     assert got["offload_optim_frac"] == 0.3 and got["offload_param_frac"] == 0.0
     assert "set in colossal" in got["note"] and "offload_optim_frac" in got["note"]
+    # both given: used as given, even where the estimate says nothing fits (no ValueError)
+    both = gemini_placement({**c, "offload_param_frac": 1.0, "offload_optim_frac": 1.0}, t, model, 1, 2**30)
+    assert (both["offload_optim_frac"], both["offload_param_frac"]) == (1.0, 1.0)
     from llmpipe import config as cfgmod
 
     base = {"train": {"backend": "colossal"}}
     assert cfgmod.validate({**base, "colossal": {"offload_optim_frac": 0.5}})["colossal"]["offload_param_frac"] is None
     for bad in (1.5, "half"):
-        with pytest.raises(Exception, match="offload_optim_frac"):
+        with pytest.raises(cfgmod.ConfigError, match="offload_optim_frac"):
             cfgmod.validate({**base, "colossal": {"offload_optim_frac": bad}})
 
 

@@ -19,7 +19,8 @@ def _up(x: float) -> float:
 
 
 def gemini_static(shape: Shape, seq_len: int, micro: int, accum: int, dp: int, checkpointing: bool, device_bytes: int) -> dict:
-    """{"offload_optim_frac", "offload_param_frac", "estimate" (bytes per GPU by part, as placed), "budget"}
+    """{"offload_optim_frac", "offload_param_frac", "estimate" (bytes per GPU by part, all on the GPU),
+    "placed" (the same after offloading), "budget"}
     for Gemini (ZeRO-3 over dp GPUs). Raises ValueError naming the sizes when even full offload does not fit."""
     est = memory(shape, parameters(shape), seq_len, micro, accum, 1, 1, dp, 3, checkpointing)
     budget = CAP * device_bytes

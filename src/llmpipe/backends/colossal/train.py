@@ -151,12 +151,14 @@ def gemini_placement(c: dict, t: dict, model_config: dict, world: int, device_by
     from llmpipe.backends.colossal.placement import describe, gemini_static
     from llmpipe.plan.arithmetic import Shape
 
+    set_ = {k: float(c[k]) for k in OFFLOAD if c.get(k) is not None}
+    if len(set_) == len(OFFLOAD):  # both given: used as given, no estimate
+        return {**set_, "note": f"set in colossal: {set_}"}
     accum = grad_accum_steps(t["global_batch_size"], t["micro_batch_size"], world)
     shape = Shape.from_hf(model_config)
     auto = gemini_static(shape, t["seq_len"], t["micro_batch_size"], accum, world, c["gradient_checkpointing"], device_bytes)
-    chosen = {k: auto[k] if c.get(k) is None else float(c[k]) for k in OFFLOAD}
-    note = describe(auto) + ("" if all(c.get(k) is None for k in OFFLOAD) else f"; set in colossal: {chosen}")
-    return {**chosen, "note": note}
+    chosen = {k: set_.get(k, auto[k]) for k in OFFLOAD}
+    return {**chosen, "note": describe(auto) + (f"; set in colossal: {set_}" if set_ else "")}
 
 
 def attention_impl(want_flash: bool, on_gpu: bool) -> str:
