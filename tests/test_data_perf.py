@@ -40,9 +40,9 @@ def test_batched_rows_equal_row_by_row(remainder):
         idx = rng.permutation(layout.rows)
         read = lambda a, b, stream=stream: stream[a:b]
         for doc_starts in (starts, None):
-            ids, mask, segs = rows(read, layout, idx, 7, doc_starts, np.int32)
+            ids, mask, segs = rows(read, layout, idx, 7, doc_starts, np.int32, np.int16)
             assert ids.dtype == np.int32 and mask.dtype == np.int8 and ids.shape == (idx.size, seq_len)
-            assert (segs is None) == (doc_starts is None)
+            assert (segs is None) == (doc_starts is None) and (segs is None or segs.dtype == np.int16)
             for j, i in enumerate(idx.tolist()):
                 want = row(read, layout, i, 7, doc_starts)
                 assert ids[j].tolist() == want[0].tolist() and mask[j].tolist() == want[1].tolist()

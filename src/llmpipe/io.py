@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import glob
 import hashlib
+import io
 import json
 import math
+import mmap
 import os
 import re
 import shutil
@@ -106,3 +108,55 @@ def sha256_file(path: str | Path) -> str:
         for block in iter(lambda: fh.read(1 << 22), b""):
             h.update(block)
     return h.hexdigest()
+
+
+WRITE_BEHIND_WINDOW = 64 << 20
+
+
+def _sync_file_range():
+    try:
+        import ctypes
+
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (AttributeError, OSError):  # not Linux
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_uint]
+    return fn
+
+
+_SYNC_RANGE = _sync_file_range()
+_WAIT_BEFORE, _WRITE, _WAIT_AFTER = 1, 2, 4  # SYNC_FILE_RANGE_* (linux/fs.h)
+
+
+class WriteOnce(io.FileIO):
+    """A new file written front to back and read later by another step (views, shards): every
+    WRITE_BEHIND_WINDOW bytes go to the disk while the next window is written, and a window already on
+    disk leaves the page cache (Linux; elsewhere a plain file). So writing N GB needs two windows of page
+    cache instead of N GB: at terabyte scale the cache would not keep the file anyway, and on a VM the
+    first touch of each new page of guest memory costs more than the disk write (docs/benchmarks.md)."""
+
+    def __init__(self, path: str | Path, append: bool = False):
+        super().__init__(path, "ab" if append else "wb")
+        self.pos = os.fstat(self.fileno()).st_size if append else 0  # bytes written
+        self.started = self.dropped = self.pos - self.pos % mmap.PAGESIZE  # handed to the disk; left the cache
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        done = 0
+        while done < len(view):  # at most a window at a time; FileIO may write less than asked
+            n = super().write(view[done : done + WRITE_BEHIND_WINDOW])
+            done += n
+            self.pos += n
+            if _SYNC_RANGE is not None and self.pos - self.started >= WRITE_BEHIND_WINDOW:
+                self._behind()
+        return done
+
+    def _behind(self) -> None:
+        fd = self.fileno()
+        if self.started > self.dropped:  # the previous window: wait for it, then drop it
+            _SYNC_RANGE(fd, self.dropped, self.started - self.dropped, _WAIT_BEFORE | _WRITE | _WAIT_AFTER)
+            os.posix_fadvise(fd, self.dropped, self.started - self.dropped, os.POSIX_FADV_DONTNEED)
+            self.dropped = self.started
+        end = self.pos - self.pos % mmap.PAGESIZE  # whole pages: a range's partial pages stay cached
+        _SYNC_RANGE(fd, self.started, end - self.started, _WRITE)  # start this one
+        self.started = end

@@ -89,10 +89,18 @@ def row(read, layout: Layout, i: int, pad_id: int, doc_starts: np.ndarray | None
     return ids, mask, segs
 
 
-def rows(read, layout: Layout, idx: np.ndarray, pad_id: int, doc_starts: np.ndarray | None = None, dtype=np.int64):
-    """row() of each index in `idx`, stacked: ([n, L] ids as `dtype`, [n, L] int8 mask, [n, L] int32
-    segment ids or None). Full rows take few numpy calls: a row's segment id is the count of document
-    starts inside it up to each position (cumsum of start marks); the last, partial row goes through row()."""
+def rows(
+    read,
+    layout: Layout,
+    idx: np.ndarray,
+    pad_id: int,
+    doc_starts: np.ndarray | None = None,
+    dtype=np.int64,
+    seg_dtype=np.int32,
+):
+    """row() of each index in `idx`, stacked: ([n, L] ids as `dtype`, [n, L] int8 mask, [n, L] segment ids
+    as `seg_dtype` or None). Full rows take few numpy calls: each row's segments are cut at the document
+    starts inside it and written in one np.repeat; the last, partial row goes through row()."""
     idx = np.asarray(idx, dtype=np.int64)
     n, L = idx.size, layout.row_len
     ids, mask = np.empty((n, L), dtype), np.ones((n, L), np.int8)
@@ -102,15 +110,22 @@ def rows(read, layout: Layout, idx: np.ndarray, pad_id: int, doc_starts: np.ndar
         if i < layout.full:
             ids[j] = read(i * L, (i + 1) * L)
     if doc_starts is not None:
+        segs = np.empty((n, L), seg_dtype)
         at = np.flatnonzero(full)
         a = idx[at] * L
         lo = np.searchsorted(doc_starts, a, side="right")  # the start at a itself opens segment 0
-        count = np.searchsorted(doc_starts, a + L, side="left") - lo
-        first = np.repeat(np.cumsum(count) - count, count)
-        inside = doc_starts[np.arange(count.sum()) - first + np.repeat(lo, count)]
-        marks = np.zeros((n, L), np.int32)
-        marks[np.repeat(at, count), inside - np.repeat(a, count)] = 1
-        segs = np.cumsum(marks, axis=1, dtype=np.int32)
+        count = np.searchsorted(doc_starts, a + L, side="left") - lo  # starts inside each row
+        k = count + 1  # segments in each row
+        first = np.cumsum(k) - k  # each row's first segment, in the flat list of segments
+        begin = np.zeros(int(k.sum()), np.int64)  # each segment's first position in its row
+        later = np.ones(begin.size, bool)
+        later[first] = False
+        inside = np.arange(count.sum()) - np.repeat(np.cumsum(count) - count - lo, count)  # into doc_starts
+        begin[later] = doc_starts[inside] - np.repeat(a, count)
+        end = np.append(begin[1:], L)
+        end[first - 1] = L  # a row's last segment ends at L (first[0] - 1 is the very last)
+        local = np.arange(begin.size) - np.repeat(first, k)  # 0, 1, 2, ... in each row
+        segs[at] = np.repeat(local.astype(seg_dtype), end - begin).reshape(at.size, L)
     for j in np.flatnonzero(~full).tolist():
         r_ids, mask[j], r_segs = row(read, layout, int(idx[j]), pad_id, doc_starts)
         ids[j] = r_ids

@@ -30,6 +30,7 @@ from llmpipe.data.long_docs import EncodeError, describe_doc
 from llmpipe.data.readers import ReadStats, locate
 from llmpipe.data.sources import RECORD_BITS
 from llmpipe.data.tokenizer import load_backend, tokenizer_info
+from llmpipe.io import WriteOnce
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,7 @@ class SplitWriter:
 
     def __init__(self, path: Path, dtype: np.dtype, lazy: bool = False):
         self.path, self.dtype, self.lazy = path, dtype, lazy
-        self._fh = open(path, "wb")
+        self._fh = WriteOnce(path)  # read back once, by finish()
         self.offsets, self.doc_ids = array("q", [0]), array("q")
         self.sha = hashlib.sha256()
         self.release()
@@ -72,7 +73,7 @@ class SplitWriter:
     @property
     def fh(self):
         if self._fh is None:
-            self._fh = open(self.path, "ab")
+            self._fh = WriteOnce(self.path, append=True)
         return self._fh
 
     def release(self) -> None:

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from llmpipe.io import WriteOnce
+
 DTYPES = {np.dtype(np.uint16): "U16", np.dtype(np.uint32): "U32", np.dtype(np.int64): "I64", np.dtype(np.int32): "I32"}
 
 
@@ -30,7 +32,7 @@ def write(path: str | Path, tensors: dict[str, tuple[np.dtype, Path | np.ndarray
     header["__metadata__"] = metadata
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)
-    with open(path, "wb") as out:
+    with WriteOnce(path) as out:
         out.write(struct.pack("<Q", len(blob)))
         out.write(blob)
         for dtype, data in parts:

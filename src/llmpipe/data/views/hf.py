@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from llmpipe.data.pack import IGNORE_INDEX, Layout, order, rows
 from llmpipe.data.token_store import TokenStore
+from llmpipe.io import WriteOnce
 
 log = logging.getLogger(__name__)
 ROWS_PER_BATCH = 256
@@ -125,7 +126,9 @@ def write_split(
     files = data_files(layout.rows, row_bytes(cols_spec, seq_len))
 
     def batch(k: int, stop: int) -> pa.RecordBatch:
-        ids, mask, segs = rows(stream.view, layout, perm[k : min(k + ROWS_PER_BATCH, stop)], store.eos_id, starts, np.int32)
+        ids, mask, segs = rows(
+            stream.view, layout, perm[k : min(k + ROWS_PER_BATCH, stop)], store.eos_id, starts, np.int32, seg_dtype
+        )
         labels = ids if mask.all() else np.where(mask == 1, ids, np.int32(IGNORE_INDEX))
         cols = [_column(ids, np.int32, seq_len), _column(mask, np.int8, seq_len), _column(labels, np.int32, seq_len)]
         if segment_ids:
@@ -134,7 +137,7 @@ def write_split(
 
     def write_file(name: str, part: range, ahead: int) -> None:
         starts_at = range(part.start, part.stop, ROWS_PER_BATCH)
-        with open(out / name, "wb") as fh, pa.ipc.new_stream(fh, schema) as writer, ThreadPoolExecutor(ahead) as pool:
+        with WriteOnce(out / name) as fh, pa.ipc.new_stream(fh, schema) as writer, ThreadPoolExecutor(ahead) as pool:
             # the next `ahead` batches are made while this one is written
             pending = deque(pool.submit(batch, k, part.stop) for k in starts_at[:ahead])
             for i in range(len(starts_at)):

@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from llmpipe.data.pack import Layout, order, row
 from llmpipe.data.token_store import TokenStore
+from llmpipe.io import WriteOnce
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ def write_split(
         chunk = np.full(block * per_file, store.eos_id, dtype=np.int64)
         for j, i in enumerate(perm[k : k + per_file]):
             chunk[j * block : (j + 1) * block] = row(stream.read, layout, int(i), store.eos_id)[0]
-        with open(out / f"{prefix}_{name}_0_{counter:010d}.bin", "wb") as fh:
+        with WriteOnce(out / f"{prefix}_{name}_0_{counter:010d}.bin") as fh:
             fh.write(HEADER.pack(MAGIC, VERSION, CODES[dtype], chunk.size))
             fh.write(chunk.astype(dtype.newbyteorder("<")).tobytes())
         files += 1

@@ -18,6 +18,7 @@ from safetensors import safe_open
 
 from llmpipe.data.token_store import SPLITS, TokenStore
 from llmpipe.data.views.litgpt import file_dtype  # the same rule: uint16 under 65,500 tokens, else int32
+from llmpipe.io import WriteOnce
 
 MAGIC, VERSION = b"MMIDIDX\x00\x00", 1
 CODES = {np.dtype(np.int32): 4, np.dtype(np.uint16): 8}  # Megatron's DType codes of the two we write
@@ -28,7 +29,7 @@ COPY_TOKENS = 1 << 24  # tokens copied per read
 def write_split(store: TokenStore, split: str, prefix: Path) -> dict:
     dtype = file_dtype(store.manifest["tokenizer"]["vocab_size"]).newbyteorder("<")
     docs, tokens = (store.manifest["totals"][split][k] for k in ("documents", "tokens"))
-    with open(prefix.with_suffix(".bin"), "wb") as bin_fh, open(prefix.with_suffix(".idx"), "wb") as idx:
+    with WriteOnce(prefix.with_suffix(".bin")) as bin_fh, open(prefix.with_suffix(".idx"), "wb") as idx:
         idx.write(HEAD.pack(MAGIC, VERSION, CODES[dtype.newbyteorder("=")], docs, docs + 1))
         at_len, at_ptr, done = HEAD.size, HEAD.size + 4 * docs, 0  # where the next lengths / pointers go
         for e in store.manifest["shards"]:
