@@ -162,32 +162,36 @@ def worker_ours(corpus: str, work: Path, backend: str, records: int | None, copi
     )
     lap("pack")
     # at scale only: the x1 worker's whole time is compared with the recipe's
-    floor_s, view_bytes = write_floor(work / "hf", work / "write-floor.bin") if copies > 1 else (None, None)
+    writes = write_floor(work / "hf", work / "write-floor.bin") if copies > 1 else {}
     manifest = json.loads((store / "manifest.json").read_text())
     encoders = sorted({s["encoder"] for s in manifest["shards"]})
     tokens = sum(manifest["totals"][s]["tokens"] for s in ("train", "val"))
     # the pipeline alone, first stage to last (as the encoder alone is timed): without this worker's start and
     # the removal of its outputs afterwards (~0.1 s at x1, growing with the corpus)
     pipeline = {"pipeline_s": last[0] - began[0], "pipeline_cpu": last[1] - began[1]}
-    writes = {"view_bytes": view_bytes, "write_floor_s": floor_s}
     return {"tokens": tokens, "encoders": encoders, "stages": stages, "stages_cpu": cpu, **pipeline, **writes}
 
 
-def write_floor(view: Path, out: Path) -> tuple[float, int]:
-    """Seconds to write as many bytes as the view's files hold, in plain 8 MiB writes to a new file beside
-    them, then removed: the page cache's own cost for that many bytes, with no compute. It varies with the
-    machine's memory state (on a VM, first touching the guest's memory is most of it), so it sets the
-    scale of pack's time rather than a strict floor."""
+def write_floor(view: Path, out: Path) -> dict:
+    """Seconds to write as many bytes as the view's files hold, in 8 MiB writes to a new file beside them,
+    then removed, with no compute: plainly (the page cache's own cost; on a VM first touching the guest's
+    memory is most of it, so it varies with the machine's memory state) and written once as pack writes
+    (llmpipe.io.WriteOnce: two windows of page cache, the disk's speed). Not a strict floor: pack also
+    reads the store and builds the rows."""
+    from llmpipe.io import WriteOnce
+
     size = sum(f.stat().st_size for f in view.rglob("*") if f.is_file())
     block = bytes(8 << 20)
-    began = time.perf_counter()
-    with open(out, "wb") as fh:
-        for _ in range(size // len(block)):
-            fh.write(block)
-        fh.write(block[: size % len(block)])
-    secs = time.perf_counter() - began
-    out.unlink()
-    return secs, size
+    out_s = {"view_bytes": size}
+    for name, opener in (("write_floor_s", lambda: open(out, "wb")), ("write_once_s", lambda: WriteOnce(out))):
+        began = time.perf_counter()
+        with opener() as fh:
+            for _ in range(size // len(block)):
+                fh.write(block)
+            fh.write(block[: size % len(block)])
+        out_s[name] = time.perf_counter() - began
+        out.unlink()
+    return out_s
 
 
 def worker_alone(corpus: str, which: str, copies: int = 1) -> dict:
@@ -337,7 +341,8 @@ def at_scale(r: dict[str, dict], runs: dict[str, list[dict]], n: int) -> str:
         f"{paired(runs, 'scaled', 'tiktoken-scaled')} (target 90 %)"
         f"\n    ... to the token store (all but pack, the hf view): {paired(runs, 'scaled', 'tiktoken-scaled', 'pack')}"
         f"\n    pack wrote {big['view_bytes'] / 1e9:.2f} GB in {big['stages']['pack']:.2f} s; plain writes of as many bytes "
-        f"to a new file took {big['write_floor_s']:.2f} s (the page cache's own cost, in this run)"
+        f"to a new file took {big['write_floor_s']:.2f} s (the page cache's own cost, in this run), written once as pack "
+        f"writes {big['write_once_s']:.2f} s"
         f"\n    ... over tiktoken alone x{n} making our call (documents joined by EOS, encode_to_numpy): "
         f"{paired(runs, 'scaled', 'joined-scaled')}"
         f"\n    llmpipe HF path x{n} end to end over encode_batch_fast alone x{n}: "

@@ -244,3 +244,24 @@ def test_shard_from_joined_calls_equals_the_per_document_path(tmp_path, monkeypa
     monkeypatch.setattr(TiktokenEncoder, "encode_docs", lambda self, *a: None)
     tokenize_shard(cfg, sources, 0, GPT2, tmp_path / "per-document.safetensors")
     assert (tmp_path / "joined.safetensors").read_bytes() == (tmp_path / "per-document.safetensors").read_bytes()
+
+
+def test_shard_header_over_its_room_is_copied_into_the_same_tensors(tmp_path, monkeypatch):
+    """A shard's train tokens are written in place after HEADER_ROOM bytes; a header that needs more
+    (e.g. read stats of thousands of sources) is written the long way: same tensors, same metadata."""
+    from safetensors import safe_open
+
+    write_jsonl(tmp_path / "corpus.jsonl", corpus_docs(30))
+    cfg = tiny_config(tmp_path, tokenizer={"source": str(GPT2)}, data={"num_shards": 1})
+    get_data(cfg["data"], tmp_path / "sources.json")
+    sources = load_sources(tmp_path / "sources.json")
+    tokenize_shard(cfg, sources, 0, GPT2, tmp_path / "in-place.safetensors")
+    monkeypatch.setattr(shard_set, "HEADER_ROOM", 64)
+    tokenize_shard(cfg, sources, 0, GPT2, tmp_path / "copied.safetensors")
+    files = [safe_open(str(tmp_path / f"{n}.safetensors"), "numpy") for n in ("in-place", "copied")]
+    assert files[0].metadata() == files[1].metadata() and files[0].keys() == files[1].keys()
+    for key in files[0].keys():
+        assert files[0].get_tensor(key).tolist() == files[1].get_tensor(key).tolist()
+    assert files[0].get_tensor("train.tokens").size > 1000
+    assert (tmp_path / "copied.safetensors").stat().st_size < (tmp_path / "in-place.safetensors").stat().st_size
+    assert not list(tmp_path.glob(".*.tmp-*"))  # no temporary files left

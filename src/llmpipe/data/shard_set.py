@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 
 SPLITS = ("train", "val")
 BATCH_DOCS, BATCH_CHARS, SAMPLE_DOCS = 256, 2 << 20, 64
+HEADER_ROOM = 16 << 10  # bytes before a shard's train tokens, for its safetensors header (more: the file is copied)
 LAZY_FILES_OVER = 1024  # shards in one process: above, split files are open only while written (file limits)
 
 
@@ -61,11 +62,16 @@ def gc_paused():
 
 
 class SplitWriter:
-    """One split's token file; `lazy`: opened only while written (a process writing thousands of shards)."""
+    """One split's token file, the tokens from byte `start` on (before: room for the shard file's header);
+    `lazy`: opened only while written (a process writing thousands of shards)."""
 
-    def __init__(self, path: Path, dtype: np.dtype, lazy: bool = False):
-        self.path, self.dtype, self.lazy = path, dtype, lazy
-        self._fh = WriteOnce(path)  # read back once, by finish()
+    def __init__(self, path: Path, dtype: np.dtype, lazy: bool = False, start: int = 0):
+        self.path, self.dtype, self.lazy, self.start = path, dtype, lazy, start
+        self._fh = WriteOnce(path)
+        if start:
+            self._fh.truncate(start)
+            self._fh.seek(start)
+            self._fh.pos = self._fh.started = self._fh.dropped = start
         self.offsets, self.doc_ids = array("q", [0]), array("q")
         self.sha = hashlib.sha256()
         self.release()
@@ -121,7 +127,11 @@ class ShardOutput:
         self.shard, self.path = shard, Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
-        self.writers = {s: SplitWriter(self.tmp.with_name(self.tmp.name + f".{s}.bin"), dtype, lazy) for s in SPLITS}
+        # train tokens straight into the shard file, after room for its header; val (few) in a side file
+        self.writers = {
+            "train": SplitWriter(self.tmp, dtype, lazy, start=HEADER_ROOM),
+            "val": SplitWriter(self.tmp.with_name(self.tmp.name + ".val.bin"), dtype, lazy),
+        }
         self.stats, self.long = ReadStats(), Counter()
         self.seen = 0  # documents given
         self.started = None  # time.time() of its first document
@@ -149,11 +159,17 @@ class ShardOutput:
         }
         tensors = {}
         for s, w in self.writers.items():
-            tensors[f"{s}.tokens"] = (dtype, w.path)
+            size = w.path.stat().st_size - w.start
+            tensors[f"{s}.tokens"] = (dtype, (w.path, w.start, size) if w.start else w.path)
             tensors[f"{s}.offsets"] = (np.int64, np.frombuffer(w.offsets, dtype=np.int64))
             tensors[f"{s}.doc_ids"] = (np.int64, np.frombuffer(w.doc_ids, dtype=np.int64))
         try:
-            stfile.write(self.tmp, tensors, meta)
+            if not stfile.finish_in_place(self.tmp, HEADER_ROOM, tensors, meta):  # a header over the room: copied
+                moved = self.tmp.with_name(self.tmp.name + ".train.bin")
+                os.replace(self.tmp, moved)
+                self.writers["train"].path = moved
+                tensors["train.tokens"] = (dtype, (moved, HEADER_ROOM, tensors["train.tokens"][1][2]))
+                stfile.write(self.tmp, tensors, meta)
             os.replace(self.tmp, self.path)
         finally:
             self.tmp.unlink(missing_ok=True)
