@@ -135,10 +135,16 @@ class WriteOnce(io.FileIO):
     cache instead of N GB: at terabyte scale the cache would not keep the file anyway, and on a VM the
     first touch of each new page of guest memory costs more than the disk write (docs/benchmarks.md)."""
 
-    def __init__(self, path: str | Path, append: bool = False):
+    def __init__(self, path: str | Path, append: bool = False, start: int = 0):
+        """`append`: write on at the end of an existing file; `start`: a new file written from that byte on
+        (the bytes before it left as a hole, to be filled later)."""
         super().__init__(path, "ab" if append else "wb")
-        self.pos = os.fstat(self.fileno()).st_size if append else 0  # bytes written
+        if start:
+            self.truncate(start)
+            self.seek(start)
+        self.pos = os.fstat(self.fileno()).st_size if append else start  # where the next byte goes
         self.started = self.dropped = self.pos - self.pos % mmap.PAGESIZE  # handed to the disk; left the cache
+        self.behind = _SYNC_RANGE is not None  # off: plain writes
 
     def write(self, data) -> int:
         view = memoryview(data).cast("B")
@@ -147,7 +153,7 @@ class WriteOnce(io.FileIO):
             n = super().write(view[done : done + WRITE_BEHIND_WINDOW])
             done += n
             self.pos += n
-            if _SYNC_RANGE is not None and self.pos - self.started >= WRITE_BEHIND_WINDOW:
+            if self.behind and self.pos - self.started >= WRITE_BEHIND_WINDOW:
                 self._behind()
         return done
 
@@ -155,7 +161,11 @@ class WriteOnce(io.FileIO):
         fd = self.fileno()
         if self.started > self.dropped:  # the previous window: wait for it, then drop it
             _SYNC_RANGE(fd, self.dropped, self.started - self.dropped, _WAIT_BEFORE | _WRITE | _WAIT_AFTER)
-            os.posix_fadvise(fd, self.dropped, self.started - self.dropped, os.POSIX_FADV_DONTNEED)
+            try:
+                os.posix_fadvise(fd, self.dropped, self.started - self.dropped, os.POSIX_FADV_DONTNEED)
+            except OSError:  # a file system without it: plain writes from here on
+                self.behind = False
+                return
             self.dropped = self.started
         end = self.pos - self.pos % mmap.PAGESIZE  # whole pages: a range's partial pages stay cached
         _SYNC_RANGE(fd, self.started, end - self.started, _WRITE)  # start this one

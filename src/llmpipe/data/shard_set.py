@@ -67,11 +67,7 @@ class SplitWriter:
 
     def __init__(self, path: Path, dtype: np.dtype, lazy: bool = False, start: int = 0):
         self.path, self.dtype, self.lazy, self.start = path, dtype, lazy, start
-        self._fh = WriteOnce(path)
-        if start:
-            self._fh.truncate(start)
-            self._fh.seek(start)
-            self._fh.pos = self._fh.started = self._fh.dropped = start
+        self._fh = WriteOnce(path, start=start)
         self.offsets, self.doc_ids = array("q", [0]), array("q")
         self.sha = hashlib.sha256()
         self.release()
@@ -168,7 +164,8 @@ class ShardOutput:
                 moved = self.tmp.with_name(self.tmp.name + ".train.bin")
                 os.replace(self.tmp, moved)
                 self.writers["train"].path = moved
-                tensors["train.tokens"] = (dtype, (moved, HEADER_ROOM, tensors["train.tokens"][1][2]))
+                _, _, size = tensors["train.tokens"][1]
+                tensors["train.tokens"] = (dtype, (moved, HEADER_ROOM, size))
                 stfile.write(self.tmp, tensors, meta)
             os.replace(self.tmp, self.path)
         finally:

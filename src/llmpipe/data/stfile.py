@@ -1,4 +1,5 @@
-"""Write a safetensors file whose tensors come from files on disk, streaming (constant memory).
+"""Write a safetensors file whose tensors come from files on disk, streaming (constant memory), or finish
+one whose first tensor was written in place after room for the header (finish_in_place: no copy).
 
 The format (8-byte little-endian header length, JSON header padded to 8 bytes, then the tensors'
 bytes back to back) is read back with the safetensors library itself.
