@@ -92,6 +92,16 @@ def write_jsonl(path: Path, docs: list[str]) -> Path:
     return path
 
 
+def gpt2_shard_inputs(tmp: Path, docs: list[str], backend: str = "auto") -> tuple[dict, list]:
+    """(config, sources) for tokenize_shard of `docs` as one shard with the GPT-2 tokenizer."""
+    from llmpipe.data.get_data import get_data, load_sources
+
+    write_jsonl(tmp / "corpus.jsonl", docs)
+    cfg = tiny_config(tmp, tokenizer={"source": str(GPT2), "backend": backend}, data={"num_shards": 1})
+    get_data(cfg["data"], tmp / "sources.json")
+    return cfg, load_sources(tmp / "sources.json")
+
+
 def prepare(tmp: Path, cfg: dict, views=("hf",)) -> dict:
     """Data stages through their module functions: sources, tokenizer, token store, views."""
     from llmpipe.data.get_data import get_data, load_sources

@@ -12,13 +12,12 @@ import pytest
 from llmpipe import config as cfgmod
 from llmpipe.data import shard_set
 from llmpipe.data.encoders import HFEncoder, TiktokenEncoder, make_encoder
-from llmpipe.data.get_data import get_data, load_sources
 from llmpipe.data.pack import Layout, row, rows
 from llmpipe.data.readers import BadRecord, ReadStats, documents
 from llmpipe.data.shard_set import SplitWriter as _SplitWriter
 from llmpipe.data.tokenize import tokenize_shard
 from llmpipe.data.tokenizer import load_tokenizer
-from tests.conftest import GPT2, SHARED_DATA, corpus_docs, prepare, tiny_config, write_jsonl
+from tests.conftest import GPT2, SHARED_DATA, corpus_docs, gpt2_shard_inputs, prepare, tiny_config, write_jsonl
 
 LLAMA3 = SHARED_DATA / "tokenizers" / "llama3"
 
@@ -225,10 +224,7 @@ def test_joined_tiktoken_call_with_bos_equals_hf():
 def test_shard_from_joined_calls_equals_the_per_document_path(tmp_path, monkeypatch):
     """The tiktoken path's store is byte for byte the one of encoding each document alone."""
     docs = corpus_docs(30) + EDGE_DOCS[1:] + ["literal <|endoftext|> inside a document"]
-    write_jsonl(tmp_path / "corpus.jsonl", docs)
-    cfg = tiny_config(tmp_path, tokenizer={"source": str(GPT2), "backend": "tiktoken"}, data={"num_shards": 1})
-    get_data(cfg["data"], tmp_path / "sources.json")
-    sources = load_sources(tmp_path / "sources.json")
+    cfg, sources = gpt2_shard_inputs(tmp_path, docs, "tiktoken")
     monkeypatch.setattr(shard_set, "BATCH_DOCS", 8)  # batches without the literal and one with it
     calls = []
     joined = TiktokenEncoder.encode_docs
@@ -251,10 +247,7 @@ def test_shard_header_over_its_room_is_copied_into_the_same_tensors(tmp_path, mo
     (e.g. read stats of thousands of sources) is written the long way: same tensors, same metadata."""
     from safetensors import safe_open
 
-    write_jsonl(tmp_path / "corpus.jsonl", corpus_docs(30))
-    cfg = tiny_config(tmp_path, tokenizer={"source": str(GPT2)}, data={"num_shards": 1})
-    get_data(cfg["data"], tmp_path / "sources.json")
-    sources = load_sources(tmp_path / "sources.json")
+    cfg, sources = gpt2_shard_inputs(tmp_path, corpus_docs(30))
     tokenize_shard(cfg, sources, 0, GPT2, tmp_path / "in-place.safetensors")
     monkeypatch.setattr(shard_set, "HEADER_ROOM", 64)
     tokenize_shard(cfg, sources, 0, GPT2, tmp_path / "copied.safetensors")

@@ -11,11 +11,10 @@ import pytest
 
 from llmpipe import io as llmio
 from llmpipe.data import shard_set
-from llmpipe.data.get_data import get_data, load_sources
 from llmpipe.data.token_store import TokenStore
 from llmpipe.data.tokenize import tokenize_shard
 from llmpipe.data.views import hf, litgpt, megatron
-from tests.conftest import GPT2, corpus_docs, prepare, tiny_config, write_jsonl
+from tests.conftest import GPT2, corpus_docs, gpt2_shard_inputs, prepare
 
 WINDOW = 4096
 
@@ -30,7 +29,7 @@ def resident(path) -> int:
 @pytest.fixture
 def small_window(tmp_path, monkeypatch):
     """A 4 KiB window; skipped where the page cache cannot be read or dropped (no fincore, not Linux, tmpfs)."""
-    if shutil.which("fincore") is None or llmio._SYNC_RANGE is None:
+    if shutil.which("fincore") is None or llmio._sync_file_range() is None:
         pytest.skip("needs Linux sync_file_range and util-linux fincore")
     probe = tmp_path / "probe"
     with open(probe, "wb") as fh:
@@ -64,10 +63,8 @@ def test_write_once_keeps_the_bytes_and_two_windows_cached(tmp_path, small_windo
 
 def test_shards_and_views_are_written_once(tmp_path, small_window):
     """Checked right after each writer: the next step reads the file (and caches it again)."""
-    write_jsonl(tmp_path / "corpus.jsonl", corpus_docs(60))
-    cfg = tiny_config(tmp_path, tokenizer={"source": str(GPT2)}, data={"num_shards": 1})
-    get_data(cfg["data"], tmp_path / "sources.json")
-    tokenize_shard(cfg, load_sources(tmp_path / "sources.json"), 0, GPT2, tmp_path / "shard.safetensors")
+    cfg, sources = gpt2_shard_inputs(tmp_path, corpus_docs(60))
+    tokenize_shard(cfg, sources, 0, GPT2, tmp_path / "shard.safetensors")
     written = {"token store": [tmp_path / "shard.safetensors"]}
     (tmp_path / "prep").mkdir()
     store = prepare(tmp_path / "prep", cfg, views=())["manifest"]
@@ -81,12 +78,11 @@ def test_shards_and_views_are_written_once(tmp_path, small_window):
             assert size >= 20 * WINDOW and resident(f) <= size // 4, (kind, f.name, resident(f), size)
 
 
-def test_shard_written_by_reopened_split_files_is_the_same(tmp_path, small_window, monkeypatch):
-    """A process writing thousands of shards reopens each split file to append (shard_set.LAZY_FILES_OVER)."""
-    write_jsonl(tmp_path / "corpus.jsonl", corpus_docs(60))
-    cfg = tiny_config(tmp_path, tokenizer={"source": str(GPT2)}, data={"num_shards": 1})
-    get_data(cfg["data"], tmp_path / "sources.json")
-    sources = load_sources(tmp_path / "sources.json")
+def test_shard_written_by_reopened_split_files_is_the_same(tmp_path, monkeypatch):
+    """A process writing thousands of shards reopens each split file to append (shard_set.LAZY_FILES_OVER),
+    with write-behind windows passed on the way (no page-cache reading here: runs wherever the suite does)."""
+    monkeypatch.setattr(llmio, "WRITE_BEHIND_WINDOW", WINDOW)
+    cfg, sources = gpt2_shard_inputs(tmp_path, corpus_docs(60))
     tokenize_shard(cfg, sources, 0, GPT2, tmp_path / "kept-open.safetensors")
     monkeypatch.setattr(shard_set, "LAZY_FILES_OVER", 0)
     monkeypatch.setattr(shard_set, "BATCH_DOCS", 4)

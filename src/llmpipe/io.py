@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import glob
 import hashlib
 import io
@@ -113,7 +114,9 @@ def sha256_file(path: str | Path) -> str:
 WRITE_BEHIND_WINDOW = 64 << 20
 
 
+@functools.cache
 def _sync_file_range():
+    """libc's sync_file_range, or None (not Linux); looked up by the first WriteOnce, not at import."""
     try:
         import ctypes
 
@@ -124,7 +127,6 @@ def _sync_file_range():
     return fn
 
 
-_SYNC_RANGE = _sync_file_range()
 _WAIT_BEFORE, _WRITE, _WAIT_AFTER = 1, 2, 4  # SYNC_FILE_RANGE_* (linux/fs.h)
 
 
@@ -144,7 +146,8 @@ class WriteOnce(io.FileIO):
             self.seek(start)
         self.pos = os.fstat(self.fileno()).st_size if append else start  # where the next byte goes
         self.started = self.dropped = self.pos - self.pos % mmap.PAGESIZE  # handed to the disk; left the cache
-        self.behind = _SYNC_RANGE is not None  # off: plain writes
+        self.sync_range = _sync_file_range()
+        self.behind = self.sync_range is not None  # off: plain writes
 
     def write(self, data) -> int:
         view = memoryview(data).cast("B")
@@ -160,7 +163,7 @@ class WriteOnce(io.FileIO):
     def _behind(self) -> None:
         fd = self.fileno()
         if self.started > self.dropped:  # the previous window: wait for it, then drop it
-            _SYNC_RANGE(fd, self.dropped, self.started - self.dropped, _WAIT_BEFORE | _WRITE | _WAIT_AFTER)
+            self.sync_range(fd, self.dropped, self.started - self.dropped, _WAIT_BEFORE | _WRITE | _WAIT_AFTER)
             try:
                 os.posix_fadvise(fd, self.dropped, self.started - self.dropped, os.POSIX_FADV_DONTNEED)
             except OSError:  # a file system without it: plain writes from here on
@@ -168,5 +171,5 @@ class WriteOnce(io.FileIO):
                 return
             self.dropped = self.started
         end = self.pos - self.pos % mmap.PAGESIZE  # whole pages: a range's partial pages stay cached
-        _SYNC_RANGE(fd, self.started, end - self.started, _WRITE)  # start this one
+        self.sync_range(fd, self.started, end - self.started, _WRITE)  # start this one
         self.started = end
