@@ -107,6 +107,7 @@ def run_case(case: dict) -> dict:
             c["gradient_checkpointing"] = case["gc"]
             total = torch.cuda.get_device_properties(device).total_memory
             offload = ct.gemini_placement(c, t, hf.to_dict(), world, total)
+            ct.use_threads(ct.offload_threads(offload, t["threads"]))  # as the trainer
             if rank == 0:
                 print("Gemini static placement:", offload["note"], flush=True)
         plugin = ct.make_plugin(c, t, precision, attn != "sdpa" or on_gpu, world, offload)

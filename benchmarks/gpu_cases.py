@@ -167,8 +167,13 @@ def in_torchrun(args, run_case) -> bool:
 
 
 def run_cases(script: str, named: list[tuple[str, dict]], args, gpus: int) -> list[dict]:
-    """Each (printed name, case) in its own torchrun, one line a case; the results in --out (JSON)."""
-    results = [launch_case(script, case, name, gpus, args.timeout, args.peak_tflops) for name, case in named]
-    if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    """Each (printed name, case) in its own torchrun, one line a case; the results in --out (JSON), rewritten
+    as each case ends."""
+    results = []
+    for name, case in named:
+        results.append(launch_case(script, case, name, gpus, args.timeout, args.peak_tflops))
+        if args.out:  # after each case (temp + rename), so a run stopped midway keeps the finished ones
+            tmp = Path(f"{args.out}.tmp")
+            tmp.write_text(json.dumps(results, indent=2) + "\n")
+            tmp.replace(args.out)
     return results

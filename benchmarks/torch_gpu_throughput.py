@@ -1,9 +1,9 @@
 """Training throughput of the torch backend on GPUs: tokens/s per GPU and MFU for a ~1B Llama at seq
 4096 in bf16, DDP and FSDP2, torch.compile on/off, document masking on/off, beside a minimal training
-loop (the same model, AdamW and bf16 autocast, nothing of llmpipe's) as the reference.
+loop (the same model, the same AdamW and bf16 autocast, nothing else of llmpipe's) as the reference.
 
   python benchmarks/torch_gpu_throughput.py [--gpus 8] [--modes ddp,fsdp2,minimal] [--compile off,on] \\
-      [--masking off,on] [--shape 1b] [--seq 4096] [--micro 1] [--steps 10] [--out throughput.json]
+      [--masking off,on] [--shape 1b] [--seq 4096] [--micro 1] [--steps 10] [--adamw auto] [--out throughput.json]
   python benchmarks/torch_gpu_throughput.py --cpu-smoke   # a seconds-long check of the script on CPU (gloo)
 
 Without a CUDA GPU (and without --cpu-smoke) it says so and exits 0. Each case is its own `torchrun
@@ -17,8 +17,8 @@ Global batch = micro x GPUs (no accumulation); warmup steps (compile included) a
   minimal   model(ids) -> loss -> backward -> AdamW step, bf16 autocast, DDP: the floor of overhead
 
 MFU = tokens/s/GPU x FLOPs per token (llmpipe.plan: 6 N_matmul + 12 L d s) / peak dense BF16 of the
-GPU (--peak-tflops, else by name from llmpipe/devices.py). No figures are recorded in the docs yet:
-no GPU was available when this was written.
+GPU (--peak-tflops, else by name from llmpipe/devices.py). Figures: docs/benchmarks.md; one lent-GPU
+session's run of all cases: benchmarks/gpu_lease.sh.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ SHAPES = {  # Llama shapes (HF config names); 1b: TinyLlama-1.1B's layout withou
         vocab_size=32000,
     ),
 }
+ADAMW = {"auto": {}, "foreach": {"foreach": True}, "fused": {"fused": True}}  # build_optimizer's kernel choice
 
 
 # ---------------------------------------------------------------- one case (inside torchrun)
@@ -97,7 +98,7 @@ def run_case(case: dict) -> dict:
         fully_shard_model(model, amp)
     if case["compile"]:
         compile_layers(model)
-    opt, sched = build_optimizer(model, t)
+    opt, sched = build_optimizer(model, t, **ADAMW[case["adamw"]])
     net = torch.nn.parallel.DistributedDataParallel(model) if mode != "fsdp2" and world > 1 else model
 
     def step(batch):
@@ -146,6 +147,7 @@ def cases(args) -> list[dict]:
                         "steps": args.steps,
                         "warmup": args.warmup,
                         "doc_len": args.doc_len,
+                        "adamw": args.adamw,
                     }
                 )
     return out
@@ -159,6 +161,7 @@ def main() -> None:
     p.add_argument("--compile", default="off,on", help="off, on or both (off,on)")
     p.add_argument("--masking", default="off,on", help="document masking: off, on or both")
     p.add_argument("--doc-len", type=int, default=1024, help="mean document length with masking on")
+    p.add_argument("--adamw", default="auto", choices=sorted(ADAMW), help="AdamW kernel (auto: llmpipe's, fused on CUDA)")
     p.add_argument("--cpu-smoke", action="store_true", help="check the script on CPU: tiny shape, 2 gloo processes")
     args = p.parse_args()
     if in_torchrun(args, run_case):
@@ -176,7 +179,8 @@ def main() -> None:
         return
     named = [
         (
-            f"{c['shape']:>4} {c['mode']:<8} compile {'on ' if c['compile'] else 'off'} masking {'on ' if c['masking'] else 'off'}",
+            f"{c['shape']:>4} {c['mode']:<8} seq {c['seq']} micro {c['micro']} compile {'on ' if c['compile'] else 'off'} "
+            f"masking {'on ' if c['masking'] else 'off'}{'' if c['adamw'] == 'auto' else ' adamw ' + c['adamw']}",
             c,
         )
         for c in cases(args)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -86,6 +87,24 @@ def test_gemini_placement_offloads_the_least_optimizer_state_that_fits_one_gpu()
     eight = gemini_static(shape, t["seq_len"], t["micro_batch_size"], 1, p["nproc_per_node"], True, gpu)
     assert eight["estimate"]["total"] <= eight["budget"]
     assert (eight["offload_optim_frac"], eight["offload_param_frac"]) == (0.0, 0.0)
+
+
+def test_gemini_placement_counts_gradients_in_the_parameter_chunks_and_stays_above_the_h100_run():
+    """Without accumulation Gemini writes gradients into the bf16 parameter chunks (no memory of their
+    own); with it, they have chunks apart. The estimate at the placement measured on an H100 (the 7B,
+    micro 1, one GPU; benchmarks/h100-2026-11-27/c7b.json) is not below that run's peak memory."""
+    from llmpipe.backends.colossal.placement import gemini_static
+    from llmpipe.plan.arithmetic import GIB, memory, parameters
+
+    shape, t, _ = preset_7b()
+    plan = memory(shape, parameters(shape), t["seq_len"], 1, 2, 1, 1, 1, 3, True)
+    one = gemini_static(shape, t["seq_len"], 1, 1, 1, True, 80 * GIB)["estimate"]
+    assert one["grads"] == 0 and one["total"] == pytest.approx(sum(v for k, v in one.items() if k != "total"))
+    assert gemini_static(shape, t["seq_len"], 1, 2, 1, True, 80 * GIB)["estimate"]["grads"] == plan["grads"] > 0
+    run = json.loads((REPO / "benchmarks/h100-2026-11-27/c7b.json").read_text())[0]
+    frac = float(re.search(r"offload_optim_frac ([0-9.]+)", run["placement"])[1])
+    assert (run["shape"], run["micro"], run["world"]) == ("7b", 1, 1) and frac > 0
+    assert one["total"] - frac * one["optimizer"] >= run["peak_memory_gib"] * GIB
 
 
 def test_gemini_placement_offloads_parameters_only_beyond_the_whole_optimizer_state():
@@ -395,3 +414,23 @@ def test_hybrid_parallel_matches_torch_backend_and_resumes(work, tmp_path):
     assert json.loads((final / "train_summary.json").read_text())["resumed_from_step"] == 5
     for a, b in zip(first, again, strict=True):
         assert abs(a["loss"] - b["loss"]) < 1e-6, (a, b)
+
+
+def test_a_process_offloading_optimizer_state_gets_its_share_of_the_cpus(monkeypatch):
+    """HybridAdam's CPU kernel updates the offloaded state with OpenMP: such a process gets its share of
+    the CPUs it may run on (never fewer than train.threads); without offload train.threads stands."""
+    from llmpipe.backends.colossal.train import offload_threads, use_threads
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    none = {"offload_optim_frac": 0.0, "offload_param_frac": 0.0}
+    assert offload_threads(None, 2) == offload_threads(none, 2) == 2
+    assert offload_threads({**none, "offload_optim_frac": 0.25}, 2) == 8
+    assert offload_threads({**none, "offload_param_frac": 0.5}, 12) == 12
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # torchrun's
+    before = torch.get_num_threads()
+    try:
+        use_threads(3)
+        assert torch.get_num_threads() == 3 and os.environ["OMP_NUM_THREADS"] == "3"
+    finally:
+        torch.set_num_threads(before)

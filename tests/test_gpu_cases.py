@@ -58,3 +58,26 @@ def test_no_rank_traceback_falls_back_to_torchrun_output(tmp_path):
     kind, text = gpu_cases.failure(tmp_path / "no-logs", "launcher said: worker killed by SIGKILL", timed_out=False)
     assert (kind, text) == ("failed", "launcher said: worker killed by SIGKILL")
     assert gpu_cases.failure(tmp_path / "no-logs", "", timed_out=True)[0] == "timeout"
+
+
+def test_results_are_written_after_each_case(tmp_path, monkeypatch):
+    """A run stopped midway (a lent GPU's time running out) keeps the cases that finished."""
+    import json
+    from types import SimpleNamespace
+
+    out = tmp_path / "r.json"
+    done = []
+
+    def launch(script, case, name, gpus, timeout, peak):
+        if case["n"] == 2:
+            assert json.loads(out.read_text()) == done  # what finished is already on disk
+            raise KeyboardInterrupt  # the run is killed in its third case
+        done.append({**case, "tokens_per_s_per_gpu": 10.0 * (case["n"] + 1)})
+        return done[-1]
+
+    monkeypatch.setattr(gpu_cases, "launch_case", launch)
+    args = SimpleNamespace(timeout=1, peak_tflops=None, out=str(out))
+    with pytest.raises(KeyboardInterrupt):
+        gpu_cases.run_cases("x.py", [(f"case {n}", {"n": n}) for n in range(3)], args, 1)
+    assert [r["tokens_per_s_per_gpu"] for r in json.loads(out.read_text())] == [10.0, 20.0]
+    assert not list(tmp_path.glob("*.tmp"))

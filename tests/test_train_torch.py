@@ -124,3 +124,29 @@ def test_bf16_autocast_runs_on_cpu_when_asked(prepared, baseline, tmp_path):
     assert bf[-1]["loss"] < bf[0]["loss"]
     assert bf[-1]["loss"] != one[-1]["loss"]  # really computed in bf16, not fp32
     assert bf[-1]["loss"] == pytest.approx(one[-1]["loss"], abs=0.1)
+
+
+def test_adamw_fused_on_cuda_only_and_explicit_kernel_wins():
+    """torch AdamW's fused kernel where every parameter is on CUDA (measured faster on an H100:
+    docs/benchmarks.md); CPU and mixed placements keep torch's default; an explicit choice or another
+    optimizer class gets nothing added."""
+    from llmpipe.train.optim import adamw_kernel, build_optimizer
+
+    assert adamw_kernel({"cuda"}) == {"fused": True}
+    assert adamw_kernel({"cpu"}) == adamw_kernel({"cuda", "cpu"}) == {}
+    t = {"weight_decay": 0.1, "lr": 1e-3, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "min_lr": 0.0}
+    t |= {"warmup_steps": 1, "max_steps": 10}
+    model = torch.nn.Linear(4, 4)
+    opt, _ = build_optimizer(model, t)
+    assert not opt.param_groups[0]["fused"]
+    opt, _ = build_optimizer(model, t, foreach=False)
+    assert opt.param_groups[0]["foreach"] is False and not opt.param_groups[0]["fused"]
+    seen = {}
+
+    class Recorder(torch.optim.SGD):
+        def __init__(self, groups, lr, betas, eps, **kw):
+            seen.update(kw)
+            super().__init__(groups, lr=lr)
+
+    build_optimizer(model, t, Recorder, adamw_mode=True)
+    assert seen == {"adamw_mode": True}

@@ -16,12 +16,21 @@ def param_groups(model, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+def adamw_kernel(device_types: set[str]) -> dict:
+    """torch AdamW's kernel: fused where every parameter is on a CUDA GPU (one H100, 1.1B Llama at 4096,
+    DDP + compile: 54,339 tok/s against 50,650 with torch's default foreach, docs/benchmarks.md), else
+    torch's default (foreach; CPU runs keep it)."""
+    return {"fused": True} if device_types == {"cuda"} else {}
+
+
 def build_optimizer(model, t: dict, optimizer_cls=torch.optim.AdamW, **kwargs):
     """(optimizer, LambdaLR scheduler) from train.* `t`. `optimizer_cls` takes param groups, lr, betas and
-    eps (torch AdamW by default; ColossalAI's HybridAdam with adamw_mode=True in `kwargs` on GPU)."""
-    opt = optimizer_cls(
-        param_groups(model, t["weight_decay"]), lr=t["lr"], betas=(t["beta1"], t["beta2"]), eps=t["eps"], **kwargs
-    )
+    eps (torch AdamW by default, fused on CUDA: adamw_kernel; ColossalAI's HybridAdam with adamw_mode=True
+    in `kwargs` on GPU)."""
+    groups = param_groups(model, t["weight_decay"])
+    if optimizer_cls is torch.optim.AdamW and not {"fused", "foreach"} & kwargs.keys():
+        kwargs = {**adamw_kernel({p.device.type for g in groups for p in g["params"]}), **kwargs}
+    opt = optimizer_cls(groups, lr=t["lr"], betas=(t["beta1"], t["beta2"]), eps=t["eps"], **kwargs)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: lr_at(s, t["lr"], t["min_lr"], t["warmup_steps"], t["max_steps"]) / t["lr"]
     )

@@ -1,7 +1,10 @@
 """Gemini's static placement from the plan's memory estimate: the smallest share of the optimizer state
 (then of the parameters) moved to CPU memory so that one GPU holds the rest. ColossalAI's own defaults
 keep everything on the GPU (offload_optim_frac 0.0), which is what ran out of memory for a 7B on one
-80 GB GPU; `gemini_auto` fits but offloads nearly everything (1.4 % MFU there)."""
+80 GB GPU; `gemini_auto` fits but offloads nearly everything (1.4 % MFU there). On one H100 the 7B at
+micro 1 with 45 % of the optimizer state offloaded peaked at 42.3 GiB where this estimate said 68.5:
+gradients had been counted apart from the parameter chunks Gemini writes them into
+(benchmarks/h100-2026-11-27/c7b.json; docs/benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -23,6 +26,8 @@ def gemini_static(shape: Shape, seq_len: int, micro: int, accum: int, dp: int, c
     "placed" (the same after offloading), "budget"}
     for Gemini (ZeRO-3 over dp GPUs). Raises ValueError naming the sizes when even full offload does not fit."""
     est = memory(shape, parameters(shape), seq_len, micro, accum, 1, 1, dp, 3, checkpointing)
+    if accum == 1:  # Gemini writes gradients into the bf16 parameter chunks (reuse_fp16_chunk) unless it accumulates
+        est = {**est, "grads": 0, "total": est["total"] - est["grads"]}
     budget = CAP * device_bytes
     over = est["total"] - budget
     optim = _up(over / est["optimizer"]) if over > 0 else 0.0

@@ -161,6 +161,24 @@ def gemini_placement(c: dict, t: dict, model_config: dict, world: int, device_by
     return {**chosen, "note": describe(auto) + (f"; set in colossal: {set_}" if set_ else "")}
 
 
+def offload_threads(offload: dict | None, threads: int) -> int:
+    """CPU threads of a training process: train.threads, or where Gemini keeps optimizer state in CPU
+    memory, at least this process's share of the CPUs it may run on (HybridAdam's CPU kernel is OpenMP;
+    its step over the offloaded state reads and writes 28 B a parameter, and one thread made the 7B's step
+    on an H100 12.6 s: docs/benchmarks.md)."""
+    if not offload or not (offload["offload_optim_frac"] or offload["offload_param_frac"]):
+        return threads
+    share = len(os.sched_getaffinity(0)) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    return max(threads, share)
+
+
+def use_threads(n: int) -> None:
+    """n threads for torch and for an OpenMP kernel loaded later (HybridAdam's): a kernel sharing torch's
+    libgomp follows set_num_threads, one with its own reads OMP_NUM_THREADS (torchrun sets it to 1)."""
+    torch.set_num_threads(n)
+    os.environ["OMP_NUM_THREADS"] = str(n)
+
+
 def attention_impl(want_flash: bool, on_gpu: bool) -> str:
     if want_flash and on_gpu:
         try:
@@ -281,6 +299,7 @@ class Trainer:
             conf = json.loads((init_dir / "config.json").read_text())
             props = torch.cuda.get_device_properties(self.device)
             self.offload = gemini_placement(c, t, conf, dist.get_world_size(), props.total_memory)
+            use_threads(offload_threads(self.offload, t["threads"]))
         self.plugin = make_plugin(c, t, self.precision, flash, dist.get_world_size(), self.offload)
         self.lay = Layout(self.plugin, amp=c["plugin"] == "ddp" and self.precision == "bf16")
         self.accum = grad_accum_steps(t["global_batch_size"], t["micro_batch_size"], self.lay.dp_size)
@@ -329,7 +348,7 @@ class Trainer:
             type(opt).__name__,
         )
         if self.offload:
-            log.info("Gemini static placement: %s", self.offload["note"])
+            log.info("Gemini static placement: %s; %d CPU threads", self.offload["note"], torch.get_num_threads())
 
     def train_step(self, step: int) -> tuple[float, float, float | None]:
         t, lay = self.t, self.lay
