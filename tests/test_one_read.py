@@ -13,6 +13,7 @@ import zstandard
 
 from llmpipe.data import stfile
 from llmpipe.data.get_data import get_data, load_sources, sources_key
+from llmpipe.data.readers import limits
 from llmpipe.data.token_store import main as token_store_main
 from llmpipe.data.tokenize import job_shards, num_jobs, shard_name, tokenize_job, tokenize_shard
 from llmpipe.data.tokenizer import copy_tokenizer
@@ -57,8 +58,12 @@ def _setup(tmp_path, kind: str, per_job=None):
     return cfg, source
 
 
-@pytest.mark.parametrize("kind", ["gz", "zst", "jsonl", "txt", "parquet"])
-def test_one_job_reads_each_byte_once_and_writes_the_shards_of_one_shard_jobs(tmp_path, tok, kind):
+@pytest.mark.parametrize("kind", ["gz", "zst", "jsonl", "txt", "txt_streamed", "parquet"])
+def test_one_job_reads_each_byte_once_and_writes_the_shards_of_one_shard_jobs(tmp_path, tok, kind, monkeypatch):
+    if kind == "txt_streamed":  # a paragraph file over HUGE_RECORD_BYTES: read in chunks, paragraphs as found
+        monkeypatch.setattr(limits, "HUGE_RECORD_BYTES", 4096)
+        monkeypatch.setattr(limits, "HUGE_CHUNK", 1000)
+        kind = "txt"
     cfg, source = _setup(tmp_path, kind)
     sources = str(tmp_path / "sources.json")
     alone = tmp_path / "alone"

@@ -46,6 +46,9 @@ def test_text_field_and_plain_text_modes(tmp_path, docs):
     assert list(iter_documents(data_cfg([tmp_path / "t.txt"]))) == ["first para\nline two\n\n\nsecond para\n"]
     paras = list(iter_documents(data_cfg([tmp_path / "t.txt"], text_mode="paragraph")))
     assert [p.strip() for p in paras] == ["first para\nline two", "second para"]
+    (tmp_path / "w.txt").write_bytes(b"first para\r\nline two\r\n\r\n\r\nsecond para\r\n")  # Windows line ends
+    paras = list(iter_documents(data_cfg([tmp_path / "w.txt"], text_mode="paragraph")))
+    assert [p.strip() for p in paras] == ["first para\r\nline two", "second para"]
 
 
 def test_hf_dataset_streaming_from_local_folder(tmp_path, docs):

@@ -50,14 +50,36 @@ def small_chunks(monkeypatch, huge: int, chunk: int, piece: int = 3) -> None:
 # ---------------------------------------------------------------- paragraph-mode text
 
 
-def test_paragraph_pieces_are_the_regex_split_of_the_whole_text(monkeypatch):
+def empty_line_spans(text: str | bytes) -> list[tuple[int, int]]:
+    """The reference, by the definition: line ends are CRLF, CR or LF, found left to right (a CR before an LF
+    is one CRLF); two in a row make a paragraph break, paired left to right. The pieces' (start, end)."""
+    pattern = r"\r\n|\r|\n" if isinstance(text, str) else rb"\r\n|\r|\n"
+    ends = [m.span() for m in re.finditer(pattern, text)]
+    spans, start, i = [], 0, 0
+    while i + 1 < len(ends):
+        if ends[i][1] == ends[i + 1][0]:
+            spans.append((start, ends[i][0]))
+            start, i = ends[i + 1][1], i + 2
+        else:
+            i += 1
+    return [*spans, (start, len(text))]
+
+
+def split_at_empty_lines(text: str) -> list[str]:
+    return [text[a:b] for a, b in empty_line_spans(text)]
+
+
+def test_paragraph_pieces_are_the_split_at_empty_lines_of_the_whole_text(monkeypatch):
     """Every text of up to 7 characters from {a, CR, LF}, in chunks of 1-5 bytes: the pieces (and which are
-    spooled: over HUGE_RECORD_BYTES) are PARAGRAPH_BREAK.split's, breaks and CRLFs cut anywhere."""
+    spooled: over HUGE_RECORD_BYTES) are the whole text split at its empty lines (PARAGRAPH_BREAK.split),
+    breaks and CRLFs cut anywhere; a CRLF line end alone breaks nothing."""
+    assert text_reader.PARAGRAPH_BREAK.split("one\r\ntwo\r\n\r\nthree\r\n") == ["one\r\ntwo", "three\r\n"]
     monkeypatch.setattr(limits, "HUGE_RECORD_BYTES", 4)
     for n in range(8):
         for chars in itertools.product("a\r\n", repeat=n):
             text = "".join(chars)
             want = text_reader.PARAGRAPH_BREAK.split(text)
+            assert want == split_at_empty_lines(text), text
             assert [p.decode() for p in text_reader._BREAK_BYTES.split(text.encode())] == want
             data = text.encode()
             for size in (1, 2, 3, 5):
@@ -86,12 +108,20 @@ def paragraph_text(bom: bool = False) -> bytes:
 
 
 def whole_paragraphs(url: str, data: bytes) -> list:
-    """The reference: the file decoded whole and split by the regex."""
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        return [(url, ("invalid_utf8", f"{url}: invalid UTF-8 at byte {exc.start}"))]
-    return [(f"{url}:paragraph {i}", p) for i, p in enumerate(re.split(r"(?:\r\n|\r|\n){2}", text)) if p.strip()]
+    """The reference: the file's bytes (without a byte order mark) split at empty lines, each paragraph
+    decoded; one with invalid UTF-8 is a bad record naming it and the file offset of its first bad byte."""
+    skip = len(opener.BOM) if data.startswith(opener.BOM) else 0
+    out = []
+    for i, (a, b) in enumerate(empty_line_spans(data[skip:])):
+        where = f"{url}:paragraph {i}"
+        try:
+            text = data[skip + a : skip + b].decode("utf-8")
+        except UnicodeDecodeError as exc:
+            out.append((where, ("invalid_utf8", f"{where}: invalid UTF-8 at byte {skip + a + exc.start}")))
+            continue
+        if text.strip():
+            out.append((where, text))
+    return out
 
 
 @pytest.mark.parametrize("chunk", [3, 7, 4099])

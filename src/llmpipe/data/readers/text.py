@@ -7,15 +7,16 @@ import re
 from collections.abc import Iterator
 
 from llmpipe.data.readers import limits, opener
-from llmpipe.data.readers.huge import StreamedText, _decoded, _small, _Tally
+from llmpipe.data.readers.huge import StreamedText, _decoded, _small, _Tally, _utf8_cut
 from llmpipe.data.readers.opener import BOM
 from llmpipe.data.readers.stats import BadRecord
 
-PARAGRAPH_BREAK = re.compile(r"(?:\r\n|\r|\n){2}")  # an empty line, in any newline style
+# An empty line: two line ends in a row, each LF, CRLF or CR (a CR followed by LF is one line end, CRLF)
+PARAGRAPH_BREAK = re.compile(r"(?:\r\n|\r(?!\n)|\n)(?:\r\n|\r|\n)")
 
-# PARAGRAPH_BREAK on UTF-8 bytes (CR, LF never occur inside a sequence), its {2} written out in the order the
-# regex tries it: the same matches, ~3.5x faster (each alternative starts with CR or LF, which sre scans for)
-_BREAK_BYTES = re.compile(rb"\r\n(?:\r\n|\r|\n)|\r(?:\r\n|\r|\n)|\n(?:\r\n|\r|\n)")
+# PARAGRAPH_BREAK on UTF-8 bytes (CR, LF never occur inside a sequence), its first line end written out as
+# alternatives: the same matches, ~3.5x faster (each alternative starts with CR or LF, which sre scans for)
+_BREAK_BYTES = re.compile(rb"\r\n(?:\r\n|\r|\n)|\r(?!\n)(?:\r\n|\r|\n)|\n(?:\r\n|\r|\n)")
 
 BREAK_READS = 4  # bytes a PARAGRAPH_BREAK match attempt at p reads at most (p .. p + 3)
 
@@ -50,43 +51,56 @@ def _huge_text(url: str) -> object:
 
 
 class _Piece:
-    """The bytes of the paragraph being read: held up to HUGE_RECORD_BYTES, then spooled (decoded, counted)."""
+    """The bytes of the paragraph being read from byte `at` of the file: held up to HUGE_RECORD_BYTES, then
+    spooled (decoded, counted); after invalid UTF-8 only counted."""
 
-    def __init__(self):
-        self.held, self.size, self.spool, self.dec = [], 0, None, None
+    def __init__(self, at: int):
+        self.at, self.held, self.size, self.spool = at, [], 0, None
+        self.fed, self.carry, self.bad = 0, b"", None  # spool: bytes decoded, an incomplete sequence, bad offset
 
     def add(self, data: bytes) -> None:
         if self.spool is None and self.size + len(data) > limits.HUGE_RECORD_BYTES:
-            import codecs
-
-            self.spool, self.dec = _Tally(True), codecs.getincrementaldecoder("utf-8")()
-            for piece in _small(self.held):
-                self.spool.add(self.dec.decode(piece))
-            self.held = []
+            self.spool, held, self.held = _Tally(True), self.held, []
+            for piece in held:
+                self._feed(piece)
         if self.spool is not None:
-            for piece in _small([data]):
-                self.spool.add(self.dec.decode(piece))
+            self._feed(data)
         elif data:
             self.held.append(data)
-            self.size += len(data)
+        self.size += len(data)
 
-    def end(self, data: bytes) -> str | StreamedText:
-        """The paragraph, ending with `data`; the next one starts empty."""
+    def _feed(self, data: bytes) -> None:
+        for piece in _small([data]):
+            if self.bad is not None:
+                return
+            piece = self.carry + piece
+            cut = _utf8_cut(piece)
+            try:
+                self.spool.add(piece[:cut].decode("utf-8"))
+            except UnicodeDecodeError as exc:
+                self.bad = self.at + self.fed + exc.start
+                return
+            self.fed, self.carry = self.fed + cut, piece[cut:]
+
+    def end(self, data: bytes) -> str | StreamedText | int:
+        """The paragraph, ending with `data`: its text, or the file offset of its first invalid UTF-8 byte."""
         self.add(data)
         if self.spool is None:
-            text = b"".join(self.held).decode("utf-8")
-        else:
-            self.spool.add(self.dec.decode(b"", final=True))
-            text = self.spool.text()
-        self.__init__()
-        return text
+            try:
+                return b"".join(self.held).decode("utf-8")
+            except UnicodeDecodeError as exc:
+                return self.at + exc.start
+        if self.carry and self.bad is None:  # a sequence cut by the paragraph's end
+            self.bad = self.at + self.fed
+        return self.spool.text() if self.bad is None else self.bad
 
 
-def _paragraph_pieces(chunks: Iterator[bytes]) -> Iterator[str | StreamedText]:
-    """PARAGRAPH_BREAK.split of the whole text of `chunks` (valid UTF-8), piece by piece: a str, or a StreamedText
-    for a piece over HUGE_RECORD_BYTES. A break is taken once BREAK_READS bytes from its start are in: the
-    regex then matches there as it does on the whole text."""
-    piece, buf = _Piece(), b""  # buf: the bytes where a break may yet start (< BREAK_READS), then a chunk
+def _paragraph_pieces(chunks: Iterator[bytes], at: int = 0) -> Iterator[str | StreamedText | int]:
+    """PARAGRAPH_BREAK.split of the whole text of `chunks` (bytes from file offset `at`), piece by piece: a str,
+    a StreamedText for a piece over HUGE_RECORD_BYTES, or the file offset of a piece's first invalid UTF-8 byte.
+    A break is taken once BREAK_READS bytes from its start are in: the regex then matches there as it does
+    on the whole text (a break is CR / LF bytes alone, which never occur inside a UTF-8 sequence)."""
+    piece, buf = _Piece(at), b""  # buf: the bytes where a break may yet start (< BREAK_READS), then a chunk
     for chunk in chunks:
         buf += chunk
         start, final = 0, len(buf) - BREAK_READS + 1  # a match starting before `final` is the whole text's
@@ -94,53 +108,55 @@ def _paragraph_pieces(chunks: Iterator[bytes]) -> Iterator[str | StreamedText]:
             if m.start() >= final:
                 break
             yield piece.end(buf[start : m.start()])
-            start = m.end()
+            piece, start = _Piece(at + m.end()), m.end()
         keep = max(start, final)
         piece.add(buf[start:keep])
-        buf = buf[keep:]
-    for data in _BREAK_BYTES.split(buf):  # the rest: the breaks in it, then the last piece
-        yield piece.end(data)
+        buf, at = buf[keep:], at + keep
+    start = 0
+    for m in _BREAK_BYTES.finditer(buf):  # the rest: the breaks in it, then the last piece
+        yield piece.end(buf[start : m.start()])
+        piece, start = _Piece(at + m.end()), m.end()
+    yield piece.end(buf[start:])
 
 
-def _utf8_error(head: bytes, fh) -> int | None:
-    """Where `head` and the rest of `fh` (a text source from its start) first fail to decode as UTF-8, at the
-    offset bytes.decode('utf-8-sig') reports; None: valid."""
-    bad = []
-    chunks = itertools.chain([head[len(BOM) :] if head.startswith(BOM) else head], iter(lambda: fh.read(limits.HUGE_CHUNK), b""))
-    for _ in _decoded(_small(chunks), 0, bad):
-        pass
-    return bad[0] if bad else None
+def _paragraphs(url: str, chunks: Iterator[bytes]) -> Iterator[tuple[str, object]]:
+    """text_mode paragraph, in one pass over the file's bytes: its paragraphs, blank ones left out; one with
+    invalid UTF-8 is a BadRecord naming it and the file offset of its first invalid byte."""
+    chunks = iter(chunks)
+    head = next(chunks, b"")
+    skip = len(BOM) if head.startswith(BOM) else 0
+    for i, para in enumerate(_paragraph_pieces(itertools.chain([head[skip:]], chunks), skip)):
+        where = f"{url}:paragraph {i}"
+        if isinstance(para, int):
+            yield where, BadRecord("invalid_utf8", where, f"invalid UTF-8 at byte {para}")
+        elif not (para.blank if isinstance(para, StreamedText) else not para or para.isspace()):
+            yield where, para
 
 
-def _streamed_paragraphs(url: str, bad: int | None) -> Iterator[tuple[str, object]]:
-    """text_mode: paragraph for a file over HUGE_RECORD_BYTES, checked whole for invalid UTF-8 first (at `bad`:
-    one BadRecord and no paragraph, as a whole-file read gives), then read again in HUGE_CHUNK pieces and split
-    as the whole text is, with the same paragraph indices."""
-    if bad is not None:
-        yield url, BadRecord("invalid_utf8", url, f"invalid UTF-8 at byte {bad}")
-        return
-    for i, para in enumerate(_paragraph_pieces(_file_chunks(url))):
-        if not (para.blank if isinstance(para, StreamedText) else not para or para.isspace()):
-            yield f"{url}:paragraph {i}", para
+def _pieces_of(data: bytes) -> Iterator[bytes]:
+    for at in range(0, len(data), limits.HUGE_CHUNK):
+        yield data[at : at + limits.HUGE_CHUNK]
 
 
 def _text(url: str, mode: str) -> Iterator[tuple[str, object]]:
     with opener._open_binary(url) as fh:
         raw = _read_at_least(fh, limits.HUGE_RECORD_BYTES + 1)
         streamed = len(raw) > limits.HUGE_RECORD_BYTES  # the document (mode file) or the paragraphs
-        if streamed and mode == "paragraph":  # the check pass reads on from here (the file is read twice)
-            bad = _utf8_error(raw, fh)
+        if streamed and mode == "paragraph":  # read on from here: each byte of the file read once
+            head, raw = _pieces_of(raw), None  # the first bytes held only until they are split
+            yield from _paragraphs(url, itertools.chain(head, iter(lambda: fh.read(limits.HUGE_CHUNK), b"")))
+            return
     if streamed:
         del raw
-        if mode == "paragraph":
-            yield from _streamed_paragraphs(url, bad)
-        else:
-            yield url, _huge_text(url)
+        yield url, _huge_text(url)
         return
     try:
         text = raw.decode("utf-8-sig")  # without a leading byte order mark
     except UnicodeDecodeError as exc:
-        yield url, BadRecord("invalid_utf8", url, f"invalid UTF-8 at byte {exc.start}")
+        if mode == "paragraph":  # the bad paragraphs named, the others kept
+            yield from _paragraphs(url, [raw])
+        else:
+            yield url, BadRecord("invalid_utf8", url, f"invalid UTF-8 at byte {exc.start}")
         return
     if mode == "file":
         yield url, text
