@@ -150,3 +150,22 @@ def test_adamw_fused_on_cuda_only_and_explicit_kernel_wins():
 
     build_optimizer(model, t, Recorder, adamw_mode=True)
     assert seen == {"adamw_mode": True}
+
+
+def test_resume_keeps_this_runs_adamw_kernel(tmp_path):
+    """A checkpoint written with torch's default kernel (an older run, or a CPU machine's) resumed by a run
+    that steps with the fused one: the state is the checkpoint's, the kernel stays the run's."""
+    from llmpipe.backends.torch import checkpoint
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 8)
+    saved = torch.optim.AdamW(model.parameters())
+    sched = torch.optim.lr_scheduler.LambdaLR(saved, lambda s: 1.0)
+    model(torch.randn(4, 8)).square().sum().backward()
+    saved.step()
+    path = checkpoint.save(tmp_path, 1, model, saved, sched, {}, keep=1)
+    run = torch.optim.AdamW(model.parameters(), fused=True)
+    checkpoint.load(path, model, run, torch.optim.lr_scheduler.LambdaLR(run, lambda s: 1.0))
+    assert run.param_groups[0]["fused"] is True and saved.param_groups[0]["fused"] is None
+    for p in model.parameters():
+        assert torch.equal(run.state[p]["exp_avg"], saved.state[p]["exp_avg"])

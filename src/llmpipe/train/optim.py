@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
 from llmpipe.train.schedule import lr_at
@@ -35,3 +37,17 @@ def build_optimizer(model, t: dict, optimizer_cls=torch.optim.AdamW, **kwargs):
         opt, lambda s: lr_at(s, t["lr"], t["min_lr"], t["warmup_steps"], t["max_steps"]) / t["lr"]
     )
     return opt, sched
+
+
+KERNEL = ("fused", "foreach")  # how torch optimizers compute the update, not what: a run's own choice
+
+
+@contextmanager
+def kernel_kept(optimizer):
+    """Around loading an optimizer state: the run's own kernel choice stays (load_state_dict takes every
+    param-group key from the checkpoint, so a run resumed from an older or another machine's checkpoint
+    would otherwise step with that run's kernel)."""
+    flags = [{k: g[k] for k in KERNEL if k in g} for g in optimizer.param_groups]
+    yield
+    for group, kept in zip(optimizer.param_groups, flags, strict=True):
+        group.update(kept)

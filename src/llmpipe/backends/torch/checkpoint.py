@@ -22,6 +22,7 @@ from safetensors.torch import load_model, save_model
 
 from llmpipe.io import atomic_path
 from llmpipe.train.checkpoint import prune, seal, step_dir
+from llmpipe.train.optim import kernel_kept
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,8 @@ def save(root: Path, step: int, model, optimizer, scheduler, state: dict, keep: 
 def load(path: Path, model, optimizer, scheduler) -> dict:
     """Restore everything saved by `save` (tensors only: weights_only=True) and return the trainer state."""
     load_model(model, str(path / "model.safetensors"), strict=True)
-    optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+    with kernel_kept(optimizer):
+        optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
     return _load_rest(path, scheduler)
 
 
@@ -110,5 +112,6 @@ def load_sharded(path: Path, model, optimizer, scheduler) -> dict:
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optimizer": optim_sd}
     dcp.load(state, checkpoint_id=str(path / "dcp"))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    with kernel_kept(optimizer):
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     return _load_rest(path, scheduler)
