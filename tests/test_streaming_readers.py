@@ -124,6 +124,14 @@ def whole_paragraphs(url: str, data: bytes) -> list:
     return out
 
 
+def test_paragraphs_in_chunks_of_any_size_find_the_byte_order_mark_and_bad_bytes():
+    data = opener.BOM + "one\r\ntwo\r\n\r\nthr\xe9e\n\n".encode() + b"bad \xff here\n\n\xe2\x82\n\nlast \xf0\x9f"
+    want = whole_paragraphs("f", data)
+    assert [w for w, v in want if isinstance(v, tuple)] == ["f:paragraph 2", "f:paragraph 3", "f:paragraph 4"]
+    for n in (1, 2, 5, len(data)):
+        assert seen(text_reader._paragraphs("f", [data[i : i + n] for i in range(0, len(data), n)])) == want, n
+
+
 @pytest.mark.parametrize("chunk", [3, 7, 4099])
 @pytest.mark.parametrize("case", ["plain", "bom", "bad_utf8_early", "bad_utf8_in_long", "cut_sequence_at_end"])
 def test_streamed_paragraph_file_gives_the_whole_file_paragraphs(tmp_path, monkeypatch, case, chunk):

@@ -122,8 +122,9 @@ def _paragraph_pieces(chunks: Iterator[bytes], at: int = 0) -> Iterator[str | St
 def _paragraphs(url: str, chunks: Iterator[bytes]) -> Iterator[tuple[str, object]]:
     """text_mode paragraph, in one pass over the file's bytes: its paragraphs, blank ones left out; one with
     invalid UTF-8 is a BadRecord naming it and the file offset of its first invalid byte."""
-    chunks = iter(chunks)
-    head = next(chunks, b"")
+    chunks, head = iter(chunks), b""
+    while len(head) < len(BOM) and (more := next(chunks, None)) is not None:  # enough to see a byte order mark
+        head += more
     skip = len(BOM) if head.startswith(BOM) else 0
     for i, para in enumerate(_paragraph_pieces(itertools.chain([head[skip:]], chunks), skip)):
         where = f"{url}:paragraph {i}"
