@@ -11,14 +11,12 @@ from llmpipe.data.readers.huge import StreamedText, _decoded, _small, _Tally, _u
 from llmpipe.data.readers.opener import BOM
 from llmpipe.data.readers.stats import BadRecord
 
-# An empty line: two line ends in a row, each LF, CRLF or CR (a CR followed by LF is one line end, CRLF)
-PARAGRAPH_BREAK = re.compile(r"(?:\r\n|\r(?!\n)|\n)(?:\r\n|\r|\n)")
-
-# PARAGRAPH_BREAK on UTF-8 bytes (CR, LF never occur inside a sequence), its first line end written out as
-# alternatives: the same matches, ~3.5x faster (each alternative starts with CR or LF, which sre scans for)
+# A paragraph break is an empty line: two line ends in a row, each LF, CRLF or CR (a CR followed by LF is one
+# line end, CRLF). Matched on UTF-8 bytes (CR, LF never occur inside a sequence), the first line end
+# written out as alternatives (each starts with CR or LF, which sre scans for).
 _BREAK_BYTES = re.compile(rb"\r\n(?:\r\n|\r|\n)|\r(?!\n)(?:\r\n|\r|\n)|\n(?:\r\n|\r|\n)")
 
-BREAK_READS = 4  # bytes a PARAGRAPH_BREAK match attempt at p reads at most (p .. p + 3)
+BREAK_READS = 4  # bytes a _BREAK_BYTES match attempt at p reads at most (p .. p + 3)
 
 
 def _read_at_least(fh, n: int) -> bytes:
@@ -96,7 +94,7 @@ class _Piece:
 
 
 def _paragraph_pieces(chunks: Iterator[bytes], at: int = 0) -> Iterator[str | StreamedText | int]:
-    """PARAGRAPH_BREAK.split of the whole text of `chunks` (bytes from file offset `at`), piece by piece: a str,
+    """_BREAK_BYTES.split of the whole of `chunks` (bytes from file offset `at`), piece by piece, decoded: a str,
     a StreamedText for a piece over HUGE_RECORD_BYTES, or the file offset of a piece's first invalid UTF-8 byte.
     A break is taken once BREAK_READS bytes from its start are in: the regex then matches there as it does
     on the whole text (a break is CR / LF bytes alone, which never occur inside a UTF-8 sequence)."""
@@ -142,26 +140,15 @@ def _pieces_of(data: bytes) -> Iterator[bytes]:
 def _text(url: str, mode: str) -> Iterator[tuple[str, object]]:
     with opener._open_binary(url) as fh:
         raw = _read_at_least(fh, limits.HUGE_RECORD_BYTES + 1)
-        streamed = len(raw) > limits.HUGE_RECORD_BYTES  # the document (mode file) or the paragraphs
-        if streamed and mode == "paragraph":  # read on from here: each byte of the file read once
+        if mode == "paragraph":  # one pass over the file's bytes, whatever its size
             head, raw = _pieces_of(raw), None  # the first bytes held only until they are split
             yield from _paragraphs(url, itertools.chain(head, iter(lambda: fh.read(limits.HUGE_CHUNK), b"")))
             return
-    if streamed:
+    if len(raw) > limits.HUGE_RECORD_BYTES:  # the document streamed
         del raw
         yield url, _huge_text(url)
         return
     try:
-        text = raw.decode("utf-8-sig")  # without a leading byte order mark
+        yield url, raw.decode("utf-8-sig")  # without a leading byte order mark
     except UnicodeDecodeError as exc:
-        if mode == "paragraph":  # the bad paragraphs named, the others kept
-            yield from _paragraphs(url, [raw])
-        else:
-            yield url, BadRecord("invalid_utf8", url, f"invalid UTF-8 at byte {exc.start}")
-        return
-    if mode == "file":
-        yield url, text
-        return
-    for i, para in enumerate(PARAGRAPH_BREAK.split(text)):
-        if para.strip():
-            yield f"{url}:paragraph {i}", para
+        yield url, BadRecord("invalid_utf8", url, f"invalid UTF-8 at byte {exc.start}")
