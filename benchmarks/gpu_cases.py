@@ -20,11 +20,15 @@ OOM = re.compile(r"out of memory|OutOfMemoryError", re.I)
 ERROR_LINES = 30  # of the failing rank's traceback, its end
 
 
+def _src_on_path() -> None:
+    if str(SRC) not in sys.path:
+        sys.path.insert(0, str(SRC))
+
+
 def peak_for(device: str, given: float | None) -> float | None:
     if given:
         return given
-    if str(SRC) not in sys.path:
-        sys.path.insert(0, str(SRC))
+    _src_on_path()
     from llmpipe.devices import peak_tflops
 
     return peak_tflops(device)
@@ -169,11 +173,12 @@ def in_torchrun(args, run_case) -> bool:
 def run_cases(script: str, named: list[tuple[str, dict]], args, gpus: int) -> list[dict]:
     """Each (printed name, case) in its own torchrun, one line a case; the results in --out (JSON), rewritten
     as each case ends."""
+    _src_on_path()
+    from llmpipe.io import write_json
+
     results = []
     for name, case in named:
         results.append(launch_case(script, case, name, gpus, args.timeout, args.peak_tflops))
-        if args.out:  # after each case (temp + rename), so a run stopped midway keeps the finished ones
-            tmp = Path(f"{args.out}.tmp")
-            tmp.write_text(json.dumps(results, indent=2) + "\n")
-            tmp.replace(args.out)
+        if args.out:  # after each case (atomic), so a run stopped midway keeps the finished ones
+            write_json(args.out, results)
     return results

@@ -2,13 +2,13 @@
 # H1's GPU measurements in one lent-GPU session (docs/benchmarks.md), on the offline GPU image
 # (../shared/notes/gpu-device.md: Python 3.12, torch with CUDA, no network). Wheels the image lacks are
 # carried in .whl (llmpipe's needs, transformers of requirements.lock) and .whlc (ColossalAI 0.5.0 and
-# its pins); see the note for how they are downloaded.
+# its pins), fetched by benchmarks/gpu_wheels.sh.
 #
 #   bash benchmarks/gpu_lease.sh torch      # torch backend: minimal loop, DDP, masking at 4096 and 8192, FSDP2
 #   bash benchmarks/gpu_lease.sh colossal   # ColossalAI Gemini: 7B on one GPU, then the 1.1B
 #
 # Results (JSON, one file per group, rewritten after each case) and logs go to $OUT (default ./gpu-out).
-# The torch phase also starts ColossalAI's kernel build (HybridAdam's CPU and CUDA kernels, ~80 s) in the
+# The torch phase also starts ColossalAI's kernel build (HybridAdam's CPU and CUDA kernels, 155 s on the H100 machine) in the
 # background, in a process session of its own, so the colossal phase finds it done on the same machine.
 set -uo pipefail
 phase=${1:?torch or colossal}

@@ -80,4 +80,4 @@ def test_results_are_written_after_each_case(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         gpu_cases.run_cases("x.py", [(f"case {n}", {"n": n}) for n in range(3)], args, 1)
     assert [r["tokens_per_s_per_gpu"] for r in json.loads(out.read_text())] == [10.0, 20.0]
-    assert not list(tmp_path.glob("*.tmp"))
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]  # no temporary file left beside it
