@@ -15,6 +15,7 @@ from llmpipe.data.encoders import HFEncoder, TiktokenEncoder, make_encoder
 from llmpipe.data.pack import Layout, row, rows
 from llmpipe.data.readers import BadRecord, ReadStats, documents
 from llmpipe.data.shard_set import SplitWriter as _SplitWriter
+from llmpipe.data.token_store import SplitStream
 from llmpipe.data.tokenize import tokenize_shard
 from llmpipe.data.tokenizer import load_tokenizer
 from tests.conftest import GPT2, SHARED_DATA, corpus_docs, gpt2_shard_inputs, prepare, tiny_config, write_jsonl
@@ -49,6 +50,41 @@ def test_batched_rows_equal_row_by_row(remainder):
                     assert segs[j].tolist() == want[2].tolist()
             checked += 1
     assert checked > 100
+
+
+def _stream_of(shards: list[np.ndarray]) -> SplitStream:
+    """A SplitStream over in-memory shards (as the store's memmaps are read)."""
+    s = SplitStream.__new__(SplitStream)
+    s.split, s._tokens, s.dtype = "train", shards, shards[0].dtype
+    s.starts = np.concatenate([[0], np.cumsum([t.size for t in shards])]).astype(np.int64)
+    s.size = int(s.starts[-1])
+    return s
+
+
+def test_gathered_rows_equal_rows_read_one_by_one():
+    """SplitStream.full_rows (a [rows, L] view per shard, one np.take) gives the rows read() gives, rows
+    crossing shard boundaries, empty shards and shards shorter than a row included."""
+    rng = np.random.default_rng(5)
+    checked = 0
+    for _ in range(200):
+        sizes = rng.choice([0, 1, 3, 7, 20, 64, 100], int(rng.integers(1, 6)))
+        shards = [rng.integers(0, 60_000, int(n)).astype(np.uint16) for n in sizes]
+        stream = _stream_of(shards)
+        seq_len = int(rng.integers(1, 30))
+        layout = Layout(stream.size, seq_len, "pad" if stream.size % seq_len else "drop")
+        if layout.rows == 0:
+            continue
+        idx = rng.permutation(layout.rows)
+        lengths = rng.integers(1, 9, stream.size)
+        starts = np.unique(np.concatenate([[0], np.cumsum(lengths)]))
+        starts = starts[starts < stream.size]
+        for doc_starts in (starts, None):
+            want = rows(stream.view, layout, idx, 7, doc_starts, np.int32, np.int16)
+            got = rows(stream.view, layout, idx, 7, doc_starts, np.int32, np.int16, stream.full_rows)
+            for a, b in zip(want, got):
+                assert (a is None and b is None) or (a.dtype == b.dtype and a.tolist() == b.tolist())
+        checked += 1
+    assert checked > 150
 
 
 @pytest.mark.parametrize("dtype,prefix,suffix", [(np.uint16, [], [0]), (np.uint32, [70_000], [70_001]), (np.uint16, [1, 2], [3])])

@@ -223,6 +223,10 @@ class TiktokenEncoder(_LongDocuments):
 
     def __init__(self, path: str | Path, threads: int, hf: HFEncoder | None = None):
         self.enc, pattern, self.special_re = _tiktoken_core(_file_key(path))
+        added = list(self.enc._special_tokens)  # one (GPT-2's EOS): `in`, ~1.4x the regex's speed
+        self._holds_added = (
+            (lambda text, one=added[0]: one in text) if len(added) == 1 else self.special_re and self.special_re.search
+        )
         self.threads = threads
         self.hf = hf or HFEncoder(path, threads)
         self.pattern = pattern
@@ -270,7 +274,7 @@ class TiktokenEncoder(_LongDocuments):
             return None
         if any(type(t) is not str or len(t) > self.long_chars for t in texts):
             return None
-        if self.special_re and any(map(self.special_re.search, texts)):
+        if self.special_re and any(map(self._holds_added, texts)):
             return None
         head, tail = "".join(text_of[i] for i in prefix), text_of[suffix[0]]
         ids = self.enc.encode_to_numpy(head + (tail + head).join(texts) + tail, allowed_special="all")

@@ -13,6 +13,7 @@ import hashlib
 import json
 import logging
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from llmpipe import config as cfgmod
@@ -79,7 +80,14 @@ def get_data(data_cfg: dict, out: str | Path) -> dict:
     cache = Path(out).with_name(".sources-hashes.json")  # not an output: survives Snakemake's delete
     known = json.loads(cache.read_text()) if cache.is_file() else {}
     # skip: a directory or unreadable file stays listed (the tokenize jobs count it) but cannot be hashed
-    entries = [{"source": s, "unusable": bad[s]} if s in bad and "0 bytes" not in bad[s] else describe(s, known) for s in sources]
+    # local files are hashed on every core at once (hashlib frees the GIL): at terabyte scale one core is the limit
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        entries = list(
+            pool.map(
+                lambda s: {"source": s, "unusable": bad[s]} if s in bad and "0 bytes" not in bad[s] else describe(s, known),
+                sources,
+            )
+        )
     local = {e["source"]: {"stat": local_stat(e["source"]), "sha256": e["sha256"]} for e in entries if "sha256" in e}
     rehashed = sum(1 for s, v in local.items() if {k: known.get(s, {}).get(k) for k in v} != v)
     n, split = data_cfg["num_shards"], splits(data_cfg, sources, bad)

@@ -11,6 +11,7 @@ Rows can then be served in a seeded permutation; `segment_ids` number the docume
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -97,21 +98,31 @@ def rows(
     doc_starts: np.ndarray | None = None,
     dtype=np.int64,
     seg_dtype=np.int32,
+    gather=None,
 ):
     """row() of each index in `idx`, stacked: ([n, L] ids as `dtype`, [n, L] int8 mask, [n, L] segment ids
-    as `seg_dtype` or None). Full rows take few numpy calls: each row's segments are cut at the document
-    starts inside it and written in one np.repeat; the last, partial row goes through row()."""
+    as `seg_dtype` or None). Full rows take few numpy calls: `gather(full row indices, L, out)` copies their
+    tokens (SplitStream.full_rows; None: read() a row at a time), each row's segments are cut at the document
+    starts inside it and written in one np.repeat; the last, partial row goes through row(). The mask of
+    a batch of full rows is one shared read-only array of ones."""
     idx = np.asarray(idx, dtype=np.int64)
     n, L = idx.size, layout.row_len
-    ids, mask = np.empty((n, L), dtype), np.ones((n, L), np.int8)
-    segs = None
     full = idx < layout.full
-    for j, i in enumerate(idx.tolist()):
-        if i < layout.full:
-            ids[j] = read(i * L, (i + 1) * L)
+    at = np.flatnonzero(full)
+    ids = np.empty((n, L), dtype)
+    mask = _ones(n, L) if at.size == n else np.ones((n, L), np.int8)
+    segs = None
+    if gather is None:
+        for j in at.tolist():
+            ids[j] = read(int(idx[j]) * L, (int(idx[j]) + 1) * L)
+    elif at.size == n:
+        gather(idx, L, ids)
+    elif at.size:
+        part = np.empty((at.size, L), dtype)
+        gather(idx[at], L, part)
+        ids[at] = part
     if doc_starts is not None:
         segs = np.empty((n, L), seg_dtype)
-        at = np.flatnonzero(full)
         a = idx[at] * L
         lo = np.searchsorted(doc_starts, a, side="right")  # the start at a itself opens segment 0
         count = np.searchsorted(doc_starts, a + L, side="left") - lo  # starts inside each row
@@ -132,6 +143,13 @@ def rows(
         if segs is not None:
             segs[j] = r_segs
     return ids, mask, segs
+
+
+@functools.lru_cache(maxsize=4)
+def _ones(n: int, length: int) -> np.ndarray:
+    ones = np.ones((n, length), np.int8)
+    ones.flags.writeable = False
+    return ones
 
 
 def labels_of(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:

@@ -176,11 +176,8 @@ def describe(source: str, known: dict | None = None) -> dict:
         if seen and seen["stat"] == local_stat(path):
             entry["sha256"] = seen["sha256"]
             return entry
-        h = hashlib.sha256()
-        with open(path, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 22), b""):
-                h.update(block)
-        entry["sha256"] = h.hexdigest()
+        with open(path, "rb") as fh:  # one reused buffer, hashed without the GIL
+            entry["sha256"] = hashlib.file_digest(fh, "sha256").hexdigest()
     else:
         for key in ("ETag", "etag", "LastModified", "mtime", "last_modified"):
             if key in info:

@@ -127,7 +127,14 @@ def write_split(
 
     def batch(k: int, stop: int) -> pa.RecordBatch:
         ids, mask, segs = rows(
-            stream.view, layout, perm[k : min(k + ROWS_PER_BATCH, stop)], store.eos_id, starts, np.int32, seg_dtype
+            stream.view,
+            layout,
+            perm[k : min(k + ROWS_PER_BATCH, stop)],
+            store.eos_id,
+            starts,
+            np.int32,
+            seg_dtype,
+            stream.full_rows,
         )
         labels = ids if mask.all() else np.where(mask == 1, ids, np.int32(IGNORE_INDEX))
         cols = [_column(ids, np.int32, seq_len), _column(mask, np.int8, seq_len), _column(labels, np.int32, seq_len)]
