@@ -1,6 +1,7 @@
-"""Files written once and read by a later step (token-store shards, every view's data files) leave the
-page cache as they are written (llmpipe.io.WriteOnce): the bytes are those written, and a file many
-windows long keeps at most about two windows cached. Residency is read with util-linux's fincore."""
+"""Files written once and read by a later step (every view's data files) leave the page cache as they are
+written (llmpipe.io.WriteOnce): the bytes are those written, and a file many windows long keeps at most
+about two windows cached. Token-store shards stay cached (`keep`): pack reads them right after.
+Residency is read with util-linux's fincore."""
 
 import os
 import shutil
@@ -61,11 +62,13 @@ def test_write_once_keeps_the_bytes_and_two_windows_cached(tmp_path, small_windo
     assert resident(tmp_path / "plain.bin") >= len(data) // 2
 
 
-def test_shards_and_views_are_written_once(tmp_path, small_window):
+def test_views_are_written_once_and_shards_kept_cached(tmp_path, small_window):
     """Checked right after each writer: the next step reads the file (and caches it again)."""
     cfg, sources = gpt2_shard_inputs(tmp_path, corpus_docs(60))
     tokenize_shard(cfg, sources, 0, GPT2, tmp_path / "shard.safetensors")
-    written = {"token store": [tmp_path / "shard.safetensors"]}
+    shard = tmp_path / "shard.safetensors"
+    assert shard.stat().st_size >= 20 * WINDOW and resident(shard) >= shard.stat().st_size // 2  # pack reads it next
+    written = {}
     (tmp_path / "prep").mkdir()
     store = prepare(tmp_path / "prep", cfg, views=())["manifest"]
     for name, module in (("hf", hf), ("litgpt", litgpt), ("megatron", megatron)):

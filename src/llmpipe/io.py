@@ -103,12 +103,9 @@ def write_json(path: str | Path, data) -> None:
 
 
 def sha256_file(path: str | Path) -> str:
-    """Hex sha256 of a file, read in 4 MiB blocks."""
-    h = hashlib.sha256()
+    """Hex sha256 of a file (one reused buffer, hashed without the GIL)."""
     with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 WRITE_BEHIND_WINDOW = 64 << 20
@@ -135,9 +132,11 @@ class WriteOnce(io.FileIO):
     WRITE_BEHIND_WINDOW bytes go to the disk while the next window is written, and a window already on
     disk leaves the page cache (Linux; elsewhere a plain file). So writing N GB needs two windows of page
     cache instead of N GB: at terabyte scale the cache would not keep the file anyway, and on a VM the
-    first touch of each new page of guest memory costs more than the disk write (docs/benchmarks.md)."""
+    first touch of each new page of guest memory costs more than the disk write (docs/benchmarks.md).
+    `keep`: plain writes, the pages stay cached, for a file the next step reads at once (the token-store
+    shards, which pack reads right after: measured cheaper than reading them back from the disk)."""
 
-    def __init__(self, path: str | Path, append: bool = False, start: int = 0):
+    def __init__(self, path: str | Path, append: bool = False, start: int = 0, keep: bool = False):
         """`append`: write on at the end of an existing file; `start`: a new file written from that byte on
         (the bytes before it left as a hole, to be filled later)."""
         super().__init__(path, "ab" if append else "wb")
@@ -147,7 +146,7 @@ class WriteOnce(io.FileIO):
         self.pos = os.fstat(self.fileno()).st_size if append else start  # where the next byte goes
         self.started = self.dropped = self.pos - self.pos % mmap.PAGESIZE  # handed to the disk; left the cache
         self.sync_range = _sync_file_range()
-        self.behind = self.sync_range is not None  # off: plain writes
+        self.behind = self.sync_range is not None and not keep  # off: plain writes
 
     def write(self, data) -> int:
         view = memoryview(data).cast("B")

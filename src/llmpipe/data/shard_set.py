@@ -67,7 +67,7 @@ class SplitWriter:
 
     def __init__(self, path: Path, dtype: np.dtype, lazy: bool = False, start: int = 0):
         self.path, self.dtype, self.lazy, self.start = path, dtype, lazy, start
-        self._fh = WriteOnce(path, start=start)
+        self._fh = WriteOnce(path, start=start, keep=True)  # pack reads it next
         self.offsets, self.doc_ids = array("q", [0]), array("q")
         self.sha = hashlib.sha256()
         self.release()
@@ -75,7 +75,7 @@ class SplitWriter:
     @property
     def fh(self):
         if self._fh is None:
-            self._fh = WriteOnce(self.path, append=True)
+            self._fh = WriteOnce(self.path, append=True, keep=True)
         return self._fh
 
     def release(self) -> None:

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 from braceexpand import braceexpand
 
+from llmpipe.io import sha256_file
+
 HF_PREFIX = "hf:"  # a Hugging Face dataset (hf:<repo or saved folder>), read by readers._hf
 RECORD_BITS = 40  # doc id = source index << RECORD_BITS | record index
 
@@ -176,8 +178,7 @@ def describe(source: str, known: dict | None = None) -> dict:
         if seen and seen["stat"] == local_stat(path):
             entry["sha256"] = seen["sha256"]
             return entry
-        with open(path, "rb") as fh:  # one reused buffer, hashed without the GIL
-            entry["sha256"] = hashlib.file_digest(fh, "sha256").hexdigest()
+        entry["sha256"] = sha256_file(path)
     else:
         for key in ("ETag", "etag", "LastModified", "mtime", "last_modified"):
             if key in info:

@@ -63,7 +63,7 @@ def write(path: str | Path, tensors: dict[str, tuple[np.dtype, Source]], metadat
     """tensors: name -> (dtype, a raw little-endian file, an array, or a byte range of a file); 1-D only."""
     blob = _header(tensors, metadata)
     blob += b" " * (-len(blob) % 8)
-    with WriteOnce(path) as out:
+    with WriteOnce(path, keep=True) as out:  # a token-store shard: pack reads it next
         out.write(struct.pack("<Q", len(blob)))
         out.write(blob)
         for dtype, data in tensors.values():
@@ -80,7 +80,7 @@ def finish_in_place(path: str | Path, room: int, tensors: dict[str, tuple[np.dty
     first, *rest = tensors.values()
     if Path(path).stat().st_size != room + _nbytes(first[1], np.dtype(first[0])):
         raise ValueError(f"{path}: holds more or less than its first tensor after byte {room}")
-    with WriteOnce(path, append=True) as out:
+    with WriteOnce(path, append=True, keep=True) as out:
         for dtype, data in rest:
             _put(out, dtype, data)
     with open(path, "r+b") as out:  # not through the append fd: Linux appends a pwrite there
