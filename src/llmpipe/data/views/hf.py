@@ -134,7 +134,7 @@ def write_split(
             starts,
             np.int32,
             seg_dtype,
-            stream.full_rows,
+            gather=stream.full_rows,
         )
         labels = ids if mask.all() else np.where(mask == 1, ids, np.int32(IGNORE_INDEX))
         cols = [_column(ids, np.int32, seq_len), _column(mask, np.int8, seq_len), _column(labels, np.int32, seq_len)]
