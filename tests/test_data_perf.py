@@ -294,3 +294,26 @@ def test_shard_header_over_its_room_is_copied_into_the_same_tensors(tmp_path, mo
     assert files[0].get_tensor("train.tokens").size > 1000
     assert (tmp_path / "copied.safetensors").stat().st_size < (tmp_path / "in-place.safetensors").stat().st_size
     assert not list(tmp_path.glob(".*.tmp-*"))  # no temporary files left
+
+
+@pytest.mark.parametrize(("command", "own", "threads"), [("pack", None, 1), ("pack", "2", 2), ("check-config", None, None)])
+def test_data_steps_start_openblas_with_one_thread(command, own, threads):
+    """A data step's numpy has one OpenBLAS thread (no spinning threads per core beside parallel jobs); a
+    user's own OPENBLAS_NUM_THREADS stands; other commands keep numpy's default (one per core)."""
+    import os
+    import subprocess
+    import sys
+
+    probe = (
+        "import contextlib, os, sys\n"
+        "from llmpipe.__main__ import main\n"
+        f"with contextlib.suppress(SystemExit): main([{command!r}, '--help'])\n"
+        "import numpy\n"
+        "print(len(os.listdir('/proc/self/task')), os.cpu_count())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")}
+    if own:
+        env["OPENBLAS_NUM_THREADS"] = own
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True).stdout
+    tasks, cores = map(int, out.split()[-2:])
+    assert tasks == (threads or cores)

@@ -32,6 +32,9 @@ CORE_COMMANDS = {
     "model-card": "llmpipe.hub.card",
     "release": "llmpipe.hub.release",
 }
+# Steps that do no linear algebra: numpy's OpenBLAS would start a thread per core at import, each spinning
+# ~0.1 s of CPU taken from the parallel jobs beside it (measured: a tokenize job's start 0.50 -> 0.37 s CPU).
+NO_BLAS_COMMANDS = ("get-data", "tokenizer", "tokenize", "token-store", "pack", "verify")
 RENAMED = {"train": "torch-train", "train-colossal": "colossal-train"}  # backend commands are <backend>-<step>
 
 
@@ -67,6 +70,8 @@ def main(argv: list[str] | None = None) -> None:
         print(__doc__ + "\n\ncommands:\n" + "\n".join(f"  {c}" for c in table), file=sys.stderr)
         sys.exit(0 if argv and argv[0] in ("-h", "--help") else 2)
     fail_once(argv[0])
+    if argv[0] in NO_BLAS_COMMANDS:
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy's import; a user's own value stands
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         importlib.import_module(table[argv[0]]).main(argv[1:])
