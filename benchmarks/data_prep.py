@@ -10,7 +10,7 @@ Seeds' recipe (neuronx-distributed examples/training/llama/get_dataset.py): data
 Ours: the CLI commands the Snakemake rules run, in the order `snakemake --cores 2` runs their DAG:
 get-data and tokenizer at once (a local tokenizer does not need sources.json), then tokenize (as the DAG
 groups 2 shards: one source -> one job reading it once, 2 worker processes; more -> 2 jobs at once), token-store, pack hf. Each variant runs in its own process tree, the
-variants taking turns; peak RSS is the largest sum over that tree, sampled every 50 ms. Prints wall s,
+variants taking turns (reversed every other round); peak RSS is the largest sum over that tree, sampled every 50 ms. Prints wall s,
 tokens/s, peak RSS, the ratios, our time per stage, and the HF tokenizer alone on text in memory.
 For chunks it also times the floor of any 2-job tokenize step (worker_floor) and what our paths could
 reach with a tokenize step at that floor (floor()).
@@ -274,12 +274,13 @@ def worker(args) -> None:
 
 
 def median_runs(cmds: dict[str, list[str]], repeat: int) -> dict[str, dict]:
-    """measure() each command `repeat` times, the variants taking turns (so a drift in the machine's
-    speed hits all alike): per variant the run with the median wall time; peak RSS is the largest seen."""
+    """measure() each command `repeat` times, the variants taking turns, in reverse order every other round
+    (A B, B A: a steady drift in the machine's speed hits both of a pair alike over two rounds): per variant
+    the run with the median wall time; peak RSS is the largest seen."""
     runs = {name: [] for name in cmds}
-    for _ in range(repeat):
-        for name, cmd in cmds.items():
-            runs[name].append(measure(cmd, anon_too=name in ("ours", "scaled")))
+    for r in range(repeat):
+        for name in list(cmds)[:: -1 if r % 2 else 1]:
+            runs[name].append(measure(cmds[name], anon_too=name in ("ours", "scaled")))
     out = {}
     for name, rs in runs.items():
         rs.sort(key=lambda r: r["wall"])
@@ -397,7 +398,8 @@ def main() -> None:
         corpus = str(Path(args.shared) / "corpus" / f"gutenberg-{name}-100mb.jsonl.gz")
         print(
             f"\n== {corpus} (GPT-2 tokenizer, seq_len {SEQ}, 2 cores; ours: independent stages at once, "
-            f"as snakemake --cores 2 runs them; medians of {args.repeat}, variants taking turns)",
+            f"as snakemake --cores 2 runs them; medians of {args.repeat}, variants taking turns, "
+            "reversed every other round)",
             flush=True,
         )
         run = me + ["--corpus", corpus] + tmp
