@@ -406,7 +406,8 @@ def test_unknown_rule_in_resources_is_named(tmp_path):
 
 def test_tokenize_shards_are_batched_into_few_sbatch_jobs(slurm, tmp_path):
     """8 shards, 4 a job: 2 sbatch submissions for tokenize, each running its shards in 2 worker processes
-    at once; the store equals the one written one shard a job (run locally)."""
+    alive at once (each up before the other ended: with this little data their encoding spans, ~0.1 s,
+    need not overlap); the store equals the one written one shard a job (run locally)."""
     work = tmp_path / "repo"
     shutil.copytree(REPO, work, ignore=SKIP)
     store = "data/tokens/manifest.json"
@@ -423,10 +424,11 @@ def test_tokenize_shards_are_batched_into_few_sbatch_jobs(slurm, tmp_path):
             for s, p, a, b in re.findall(r"shard (\d+) written by pid (\d+) from (\S+) to (\S+)", text)
         ]
         assert sorted(s for s, *_ in done) == list(range(4 * job, 4 * job + 4)), text[-2000:]
-        spans = {p: (min(a for _, q, a, _ in done if q == p), max(b for _, q, _, b in done if q == p)) for _, p, _, _ in done}
+        up = {int(p): float(t) for p, t in re.findall(r"worker pid (\d+) up at (\S+)", text)}
+        spans = {p: (up[p], max(b for _, q, _, b in done if q == p)) for _, p, _, _ in done}
         assert len(spans) == 2, spans  # two worker processes ...
         (a0, b0), (a1, b1) = spans.values()
-        assert a0 < b1 and a1 < b0, spans  # ... working at the same time
+        assert a0 < b1 and a1 < b0, spans  # ... alive at the same time
 
     single = overlay(work, "single", {"results_dir": "ref", "data": {"num_shards": 8, "shards_per_job": 1}})
     proc = snakemake(work, f"ref/default/{store}", "--configfile", single, profile="local", timeout=600)
