@@ -6,6 +6,7 @@
 #
 #   bash benchmarks/gpu_lease.sh torch      # torch backend: minimal loop, DDP, masking at 4096 and 8192, FSDP2
 #   bash benchmarks/gpu_lease.sh colossal   # ColossalAI Gemini: 7B on one GPU, then the 1.1B
+#   BUDGET=540 bash benchmarks/gpu_lease.sh short   # the torch cases by priority, then Gemini 1.1B, in BUDGET seconds
 #
 # Results (JSON, one file per group, rewritten after each case) and logs go to $OUT (default ./gpu-out).
 # The torch phase also starts ColossalAI's kernel build (HybridAdam's CPU and CUDA kernels, 155 s on the H100 machine) in the
@@ -48,11 +49,15 @@ export PYTHONPATH="$site:src"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv | tee -a "$OUT/device.txt"
 $py -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())" | tee -a "$OUT/device.txt" || exit 3
 
-t() { # group name, then the torch benchmark's arguments
-    local name=$1
+end=$(($(date +%s) + ${BUDGET:-100000}))
+left() { echo $((end - $(date +%s))); }
+t() { # group name, then the torch benchmark's arguments; skipped when under a minute of BUDGET is left
+    local name=$1 cap
     shift
+    cap=$(($(left) - 10 < 170 ? $(left) - 10 : 170))
+    [ "$cap" -ge 60 ] || { echo "== $name skipped: $(left) s of the budget left"; return; }
     echo "== $name $(date +%T)"
-    $py benchmarks/torch_gpu_throughput.py --timeout 170 --out "$OUT/$name.json" "$@" 2>&1 | tee -a "$OUT/torch.log"
+    $py benchmarks/torch_gpu_throughput.py --timeout "$cap" --out "$OUT/$name.json" "$@" 2>&1 | tee -a "$OUT/torch.log"
 }
 
 case $phase in
@@ -64,6 +69,23 @@ torch)
     t t4096 --modes minimal,ddp --compile on --masking off,on --seq 4096 --micro 4
     t t8192 --modes ddp --compile on --masking off,on --seq 8192 --micro 2
     t t4096fsdp2 --modes fsdp2 --compile on --masking off --seq 4096 --micro 4
+    echo "== done $(date +%T)"
+    ;;
+short) # one short lease (15 minutes of device time, start-up included): the issue's figures by priority
+    (colossal_site && MAX_JOBS=8 start_colossal_build) &
+    t s4096 --modes ddp,minimal --compile on --masking off --seq 4096 --micro 4
+    t s4096mask --modes ddp --compile on --masking on --seq 4096 --micro 4
+    t s8192 --modes ddp --compile on --masking off,on --seq 8192 --micro 2
+    t s4096fsdp2 --modes fsdp2 --compile on --masking off --seq 4096 --micro 4
+    while pgrep -f colossal_build.py >/dev/null && [ "$(left)" -gt 100 ]; do sleep 2; done
+    cp "$build_log" "$OUT/" 2>/dev/null
+    if grep -q "kernels built" "$build_log" 2>/dev/null && [ "$(left)" -gt 100 ]; then
+        echo "== c1b $(date +%T)"
+        PYTHONPATH="$csite:$site:src" $py benchmarks/colossal_gpu_throughput.py --shapes 1b --plugins gemini --micro 4 \
+            --steps 8 --warmup 3 --timeout $(($(left) - 10)) --out "$OUT/c1b.json" 2>&1 | tee -a "$OUT/colossal.log"
+    else
+        echo "== c1b skipped: $(left) s left; kernel build: $(tail -3 "$build_log" 2>/dev/null)"
+    fi
     echo "== done $(date +%T)"
     ;;
 colossal)

@@ -4,7 +4,8 @@ keep everything on the GPU (offload_optim_frac 0.0), which is what ran out of me
 80 GB GPU; `gemini_auto` fits but offloads nearly everything (1.4 % MFU there). On one H100 the 7B at
 micro 1 with 45 % of the optimizer state offloaded peaked at 42.3 GiB where this estimate said 68.5:
 gradients had been counted apart from the parameter chunks Gemini writes them into
-(benchmarks/h100-2026-11-27/c7b.json; docs/benchmarks.md)."""
+(benchmarks/h100-2026-11-27/c7b.json; docs/benchmarks.md). Without that term it placed 25 % and peaked at
+59.6 GiB (benchmarks/h100-2026-11-27b/c7b.json)."""
 
 from __future__ import annotations
 
