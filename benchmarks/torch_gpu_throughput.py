@@ -106,7 +106,8 @@ def run_case(case: dict) -> dict:
             if mode == "minimal":
                 loss = net(input_ids=batch["input_ids"], labels=batch["input_ids"], use_cache=False).loss
             else:
-                loss, n = lm_loss_sum(net, labels=batch["input_ids"], **model_inputs(batch, device, case["masking"], attn))
+                inputs = model_inputs(batch, device, case["masking"], attn)
+                loss, n = lm_loss_sum(net, labels=batch["input_ids"], compiled=case["compile"], **inputs)
                 loss = loss / n
         loss.backward()
         if mode != "minimal":

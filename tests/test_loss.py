@@ -1,5 +1,6 @@
 """The loss (llmpipe.train.loss): chunked float32 cross-entropy equals F.cross_entropy on the float32
-logits, loss and gradients, and never makes a float32 copy of the whole logits."""
+logits, loss and gradients, and never makes a float32 copy of the whole logits; its compiled chunks
+(train.compile) give the eager ones' loss and gradients, one graph for equal chunks."""
 
 import pytest
 import torch
@@ -46,8 +47,8 @@ def plain_loss_sum(logits, labels):
 
 
 def test_chunked_loss_and_gradients_equal_plain_cross_entropy(monkeypatch):
-    # 5 positions a chunk: 57 positions make 12 chunks, the last one short
-    monkeypatch.setattr(cross_entropy, "CHUNK_ELEMENTS", 5 * VOCAB)
+    # up to 11 positions a chunk: 57 (3 x 19) has no divisor from 11 down to 6, so 6 chunks, the last of 2
+    monkeypatch.setattr(cross_entropy, "CHUNK_ELEMENTS", 11 * VOCAB)
     ids, labels = batch()
     model = tiny_llama()
     loss, count = lm_loss_sum(model, ids, labels)
@@ -111,3 +112,44 @@ def test_no_float32_tensor_of_the_whole_logits(monkeypatch):
         seen[name] = max(sizes.sizes)
     assert seen["plain"] >= whole  # the check sees what the old loss made
     assert seen["chunked"] <= chunk_rows * VOCAB
+
+
+def test_chunks_are_equal_where_a_divisor_is_near_the_budget():
+    rows_for = cross_entropy.chunk_rows_for
+    assert rows_for(4 * 4096, 2**25 // 32000) == 1024  # 1.1B at seq 4096, micro 4: 16 equal chunks, not 15 + 1
+    assert rows_for(57, 5) == 3 and rows_for(57, 11) == 11 and rows_for(53, 5) == 5  # 53 is prime
+    assert rows_for(40, 64) == 40 and rows_for(1, 1) == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_compiled_chunks_give_the_eager_loss_and_gradients(dtype, monkeypatch):
+    """`compiled` (the torch trainer under train.compile): each chunk through torch.compile. Same loss and
+    logit gradients as eager; equal chunks compile one forward and one backward graph, and a second call
+    compiles nothing (torch._dynamo's error_on_recompile)."""
+    from torch._dynamo.utils import counters
+
+    from tests.test_torch_compile import inductor_works
+
+    if reason := inductor_works():
+        pytest.skip(reason)
+    monkeypatch.setattr(cross_entropy, "CHUNK_ELEMENTS", 8 * VOCAB)
+    ids, labels = batch(rows=4, seq=16, seed=4)  # 64 positions: 8 chunks of 8
+    logits = (torch.randn(*ids.shape, VOCAB, generator=torch.Generator().manual_seed(5)) * 4).to(dtype)
+    got = {}
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        for compiled in (False, True):
+            for call in range(2):
+                x = logits.clone().requires_grad_()
+                with torch._dynamo.config.patch(error_on_recompile=call == 1):
+                    out = logits_loss_sum(x, labels, compiled=compiled)[0]
+                    (out * 0.37).backward()
+                got[compiled] = (out.item(), x.grad)
+                if compiled:
+                    assert counters["frames"]["ok"] == counters["frames"]["total"] == 2, dict(counters["frames"])
+    finally:
+        torch._dynamo.reset()
+    assert got[True][0] == pytest.approx(got[False][0], rel=1e-6)
+    assert got[True][1].dtype == dtype
+    torch.testing.assert_close(got[True][1], got[False][1], rtol=1e-5 if dtype == torch.float32 else 1e-2, atol=1e-7)

@@ -8,13 +8,14 @@ from llmpipe.data.pack import IGNORE_INDEX
 from llmpipe.train.cross_entropy import cross_entropy_sum
 
 
-def logits_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def logits_loss_sum(logits: torch.Tensor, labels: torch.Tensor, compiled: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(sum of next-token cross-entropy over labelled positions, number of those positions): position i's
     logits predict label i + 1; IGNORE_INDEX labels (padding) count for nothing. In float32 a chunk of
-    positions at a time (llmpipe.train.cross_entropy): no float32 copy of the whole logits."""
+    positions at a time (llmpipe.train.cross_entropy): no float32 copy of the whole logits; `compiled`:
+    each chunk through torch.compile."""
     targets = torch.full_like(labels, IGNORE_INDEX)
     targets[:, :-1] = labels[:, 1:]  # the last position predicts nothing
-    return cross_entropy_sum(logits, targets), (targets != IGNORE_INDEX).sum()
+    return cross_entropy_sum(logits, targets, compiled=compiled), (targets != IGNORE_INDEX).sum()
 
 
 def lm_loss_sum(
@@ -23,8 +24,9 @@ def lm_loss_sum(
     labels: torch.Tensor,
     attention_mask: torch.Tensor | None = None,
     position_ids: torch.Tensor | None = None,
+    compiled: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`logits_loss_sum` of the model's forward pass.
+    """`logits_loss_sum` of the model's forward pass (`compiled`: its loss through torch.compile).
 
     Without an attention mask: rows are packed (all real tokens) or padded only at the end, and causal
     attention never lets a real token see later padding. The colossal trainer passes the view's mask;
@@ -37,7 +39,7 @@ def lm_loss_sum(
         inputs["attention_mask"] = attention_mask
     if position_ids is not None:
         inputs["position_ids"] = position_ids
-    return logits_loss_sum(model(**inputs).logits, labels)
+    return logits_loss_sum(model(**inputs).logits, labels, compiled)
 
 
 def label_count(batches: list[dict]) -> int:

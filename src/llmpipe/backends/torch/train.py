@@ -252,7 +252,7 @@ class Trainer:
             sync = contextlib.nullcontext() if last or self.ddp is None else self.ddp.no_sync()
             with sync, self.autocast():
                 inputs = model_inputs(batch, device, self.masking, self.attention)
-                part, _ = lm_loss_sum(self.net, labels=batch["labels"].to(device), **inputs)
+                part, _ = lm_loss_sum(self.net, labels=batch["labels"].to(device), compiled=self.compile, **inputs)
                 # DDP and FSDP2 average gradients over ranks; scale so the result is the global token mean.
                 (part * self.env.world / global_count).backward()
             loss_sum += part.detach()
