@@ -107,6 +107,7 @@ class _Workers:
             mine = {s: p for s, p in outs.items() if self.owner[s] == w}
             proc = ctx.Process(target=_work, args=(child, cfg, sources, mine, str(tokenizer_dir), key_of), daemon=True)
             proc.start()
+            log.info("worker pid %d started at %.3f", proc.pid, time.time())
             child.close()
             self.conns.append(parent)
             self.procs.append(proc)
