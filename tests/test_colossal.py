@@ -93,7 +93,7 @@ def test_gemini_placement_offloads_the_least_optimizer_state_that_fits_one_gpu()
 def test_gemini_placement_counts_gradients_in_the_parameter_chunks_and_stays_above_the_h100_run(run_dir):
     """Without accumulation Gemini writes gradients into the bf16 parameter chunks (no memory of their
     own); with it, they have chunks apart. The estimate at each placement measured on an H100 (the 7B,
-    micro 1, one GPU; benchmarks/<run_dir>/c7b.json: 45 % offloaded, then 25 % by today's estimate) is not
+    micro 1, one GPU; benchmarks/<run_dir>/c7b.json: 45 % offloaded, then 25 % by the current estimate) is not
     below that run's peak memory."""
     from llmpipe.backends.colossal.placement import gemini_static
     from llmpipe.plan.arithmetic import GIB, memory, parameters

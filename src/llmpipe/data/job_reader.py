@@ -200,7 +200,6 @@ class _Spooled:
 def _work(conn, cfg, sources, outs, tokenizer_dir, key_of) -> None:
     """A worker: encode and write the documents of `outs` as they come; reply the shards to redo."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    log.info("worker pid %d up at %.3f", os.getpid(), time.time())
     sink, spooled = None, []
     gc.disable()  # as shard_set.gc_paused: a process of its own
     try:
