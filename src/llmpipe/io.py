@@ -108,8 +108,8 @@ def sha256_file(path: str | Path) -> str:
         return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
-# 16 MiB: pages dropped from the cache are reused sooner (pack of the 10x view: median 1.98 -> 1.58 s, against
-# 64 MiB; docs/benchmarks.md)
+# 16 MiB, not 64: pack of the 10x hf view alone took a median 1.61 s against 1.98 s (system time 1.40 vs 1.91 s;
+# docs/benchmarks.md)
 WRITE_BEHIND_WINDOW = 16 << 20
 
 
