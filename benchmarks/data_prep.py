@@ -288,13 +288,16 @@ def median_runs(cmds: dict[str, list[str]], repeat: int) -> dict[str, dict]:
     return out, runs
 
 
-def paired(runs: dict[str, list[dict]], ours: str, alone: str, without: str = "") -> str:
+def paired(runs: dict[str, list[dict]], ours: str, alone: str, without: str = "", only: str = "") -> str:
     """Throughput of `ours` over the encoder alone, per round (the two measured one after the other, so a
     drift in the machine's speed between rounds cancels out): the median and every round's, by wall time
-    and by CPU seconds; `without`: less that stage of ours."""
+    and by CPU seconds; `without`: less that stage of ours; `only`: that stage of ours alone."""
 
     def took(o: dict, key: str) -> float:
-        return o[f"pipeline_{key}"] - (o["stages" if key == "s" else "stages_cpu"][without] if without else 0)
+        stages = o["stages" if key == "s" else "stages_cpu"]
+        if only:
+            return stages[only]
+        return o[f"pipeline_{key}"] - (stages[without] if without else 0)
 
     wall = sorted(a["alone_s"] / took(o, "s") * o["tokens"] / a["tokens"] for o, a in zip(runs[ours], runs[alone]))
     cpu = sorted(a["alone_cpu"] / took(o, "cpu") * o["tokens"] / a["tokens"] for o, a in zip(runs[ours], runs[alone]))
@@ -341,6 +344,7 @@ def at_scale(r: dict[str, dict], runs: dict[str, list[dict]], n: int) -> str:
         f"\n    llmpipe x{n} end to end over tiktoken alone x{n} (encode_ordinary per document): "
         f"{paired(runs, 'scaled', 'tiktoken-scaled')} (target 90 %)"
         f"\n    ... to the token store (all but pack, the hf view): {paired(runs, 'scaled', 'tiktoken-scaled', 'pack')}"
+        f"\n    ... the tokenize step alone (2 jobs): {paired(runs, 'scaled', 'tiktoken-scaled', only='tokenize')}"
         f"\n    pack wrote {big['view_bytes'] / 1e9:.2f} GB in {big['stages']['pack']:.2f} s; plain writes of as many bytes "
         f"to a new file took {big['write_floor_s']:.2f} s (the page cache's own cost, in this run), written once as pack "
         f"writes {big['write_once_s']:.2f} s"
