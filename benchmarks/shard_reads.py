@@ -76,7 +76,7 @@ def main() -> None:
         ratios = sorted(x["wall"] / first["wall"] for x, first in zip(rs, runs[0]))
         walls = sorted(x["wall"] for x in rs)
         reads = {json.dumps(x["reads"], sort_keys=True) for x in rs}
-        shown = json.loads(reads.pop()).get("ratio") if len(reads) == 1 else f"differs between rounds: {sorted(reads)}"
+        shown = (json.loads(reads.pop()) or {}).get("ratio") if len(reads) == 1 else f"differs between rounds: {sorted(reads)}"
         print(
             f"{name:<30} {shards:>5} shards {rs[0]['jobs']:>3} jobs {walls[len(walls) // 2]:7.2f} s  "
             f"x{ratios[len(ratios) // 2]:.2f} of {args.shards[0]} shards (rounds: {', '.join(f'{x:.2f}' for x in ratios)})   "
