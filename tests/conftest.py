@@ -106,8 +106,9 @@ def prepare(tmp: Path, cfg: dict, views=("hf",)) -> dict:
     """Data stages through their module functions: sources, tokenizer, token store, views."""
     from llmpipe.data.get_data import get_data, load_sources
     from llmpipe.data.pack_views import build_view
-    from llmpipe.data.token_store import build_manifest
-    from llmpipe.data.tokenize import tokenize_shard
+    from llmpipe.data.readers import SOURCE_HASHES
+    from llmpipe.data.token_store import build_manifest, merge_checksums
+    from llmpipe.data.tokenize import source_checksums, tokenize_shard
     from llmpipe.data.tokenizer import copy_tokenizer, train_tokenizer
 
     d, t = cfg["data"], cfg["tokenizer"]
@@ -119,9 +120,13 @@ def prepare(tmp: Path, cfg: dict, views=("hf",)) -> dict:
         copy_tokenizer(t["source"], tmp / "tokenizer")
     tokens = tmp / "tokens"
     outs = [tokens / f"shard-{i:05d}.safetensors" for i in range(d["num_shards"])]
+    SOURCE_HASHES.clear()
     for i, o in enumerate(outs):
         tokenize_shard(cfg, sources, i, tmp / "tokenizer", o, sources_key=key)
-    build_manifest(outs, tokens / "manifest.json", key)
+    # the sources' sha256, from what these one-shard jobs read (as a tokenize job writes them to read.json)
+    entries = json.loads((tmp / "sources.json").read_text())["sources"]
+    sums = merge_checksums([(source_checksums(d, sources, entries, range(len(outs))), "prepare")], entries)
+    build_manifest(outs, tokens / "manifest.json", key, checksums=sums)
     for fmt in views:
         build_view(tokens / "manifest.json", fmt, tmp / fmt, cfg, tmp / "tokenizer")
     return {

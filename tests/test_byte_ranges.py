@@ -5,6 +5,7 @@ same documents with the same ids, validation split and skip locations as the rec
 stops the job naming it."""
 
 import contextlib
+import hashlib
 import json
 import shutil
 import subprocess
@@ -18,7 +19,7 @@ from safetensors import safe_open
 from llmpipe.data.get_data import get_data, load_sources
 from llmpipe.data.readers import SourceChanged, opener
 from llmpipe.data.sources import assign
-from llmpipe.data.tokenize import tokenize_shard
+from llmpipe.data.tokenize import tokenize_job, tokenize_shard
 from llmpipe.data.tokenizer import copy_tokenizer
 from tests.conftest import GPT2, REPO, REPO_IGNORE, corpus_docs, prepare, tiny_config
 
@@ -170,6 +171,31 @@ def test_each_job_reads_only_its_range(tmp_path, corpus, runs, monkeypatch):
         pulled.append(n)
         assert any(url.endswith("small.jsonl") and c.n == (corpus / "small.jsonl").stat().st_size for url, c in opened)
     assert pulled == per and max(pulled) < size / 2  # no job read the whole file
+
+
+def test_each_range_has_its_sha256_from_its_one_read(tmp_path, corpus, runs):
+    """The store lists the sha256 of each byte range as its job read it (and of a whole file); ranges left
+    empty (more shards than records at a cut) are listed too."""
+    big, small = (corpus / "big.jsonl").read_bytes(), (corpus / "small.jsonl").read_bytes()
+    cuts = [r[0] for r in runs["ranges"]["sources_json"]["sources"][0]["ranges"]]
+    manifest = json.loads(runs["ranges"]["manifest"].read_text())
+    assert manifest["source_sha256"] == {
+        str(corpus / "big.jsonl"): [[a, b, hashlib.sha256(big[a:b]).hexdigest()] for a, b in zip(cuts, cuts[1:])],
+        str(corpus / "small.jsonl"): hashlib.sha256(small).hexdigest(),
+    }
+    three = tmp_path / "three.jsonl"
+    three.write_bytes(b"".join(json.dumps({"text": t}).encode() + b"\n" for t in ("a b", "c d", "e f")))
+    cfg = tiny_config(
+        tmp_path, data={"sources": [str(three)], "num_shards": SHARDS, "range_split_bytes": 1}, tokenizer={"source": str(GPT2)}
+    )
+    get_data(cfg["data"], tmp_path / "sources.json")
+    copy_tokenizer(str(GPT2), tmp_path / "tokenizer")
+    tokenize_job(cfg, str(tmp_path / "sources.json"), 0, tmp_path / "tokenizer", tmp_path / "job", 1, per_job=SHARDS)
+    cuts = [r[0] for r in json.loads((tmp_path / "sources.json").read_text())["sources"][0]["ranges"]]
+    assert len(set(cuts)) < len(cuts)  # some ranges are empty
+    got = json.loads((tmp_path / "job" / "read.json").read_text())["sha256"]
+    data = three.read_bytes()
+    assert sorted(got) == sorted([0, a, b, hashlib.sha256(data[a:b]).hexdigest()] for a, b in set(zip(cuts, cuts[1:]))), got
 
 
 def test_below_the_threshold_nothing_changes(tmp_path, corpus):

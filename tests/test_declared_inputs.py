@@ -140,23 +140,25 @@ def test_source_edit_with_its_mtime_restored_reruns_from_get_data(done_run):
     assert {"get_data", "tokenize", "token_store", "pack_view", "verify_data"} <= planned, planned
     proc = snakemake()
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    log = (work / "results/default/logs/get_data.log").read_text()
-    assert "1 local file(s) hashed, 0 unchanged" in log  # the one file, changed: hashed again
-    sources = json.loads((work / "results/default/data/sources.json").read_text())
     import hashlib
 
-    assert sources["sources"][0]["sha256"] == hashlib.sha256(corpus.read_bytes()).hexdigest()
+    manifest = json.loads((work / "results/default/data/tokens/manifest.json").read_text())
+    assert manifest["source_sha256"] == {str(corpus): hashlib.sha256(corpus.read_bytes()).hexdigest()}  # the new bytes
 
 
 def test_source_replaced_by_mv_of_a_copy_reruns_from_get_data(done_run):
     work, snakemake = done_run
     corpus = work / "corpus.jsonl"
     copy = work / "corpus.copy"
+    manifest = work / "results/default/data/tokens/manifest.json"
+    before = json.loads(manifest.read_text())
     shutil.copy2(corpus, copy)  # same bytes, same mtime, another inode
     os.replace(copy, corpus)
     assert {"get_data", "tokenize"} <= jobs(snakemake("-n").stdout)
     proc = snakemake()
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "0 local file(s) hashed, 1 unchanged" not in (work / "results/default/logs/get_data.log").read_text()
+    after = json.loads(manifest.read_text())
+    # tokenized again, the same bytes: the same checksum and store fingerprint (a run resumes on it)
+    assert after["source_sha256"] == before["source_sha256"] and after["fingerprint"] == before["fingerprint"]
     # run again with nothing changed: nothing to do, and get_data would not read the file again
     assert "Nothing to be done" in (lambda p: p.stdout + p.stderr)(snakemake("-n"))

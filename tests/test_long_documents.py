@@ -72,6 +72,12 @@ DOCUMENTS = {
     "contractions": lambda: _mixed(7, ["don't", " we'll", "'ll", "'LL", "''s", "'Ve", " it's", "'", "s", "x'", " '"], 30_000),
     "odd_whitespace": lambda: _mixed(8, ["\u00a0", "\u3000", "\x85", "\x1c", "\u2028", "\x0b", "a", " ", "\n", "1"], 40_000),
     "special_token_text": lambda: _mixed(9, ["hello ", "<|endoftext|>", "<|begin_of_text|>", " ", "<|", "x"], 20_000),
+    # no single space to cut at (rule 3), whitespace runs of 2+ before text: such a run is one pre-token at a
+    # piece's end ("\n\n" alone: 628) but two before a letter (198 198)
+    "paragraphs_without_spaces": lambda: "\n\n".join("".join(random.Random(i).choices("abcxyz", k=50)) for i in range(2000)),
+    "runs_without_spaces": lambda: _mixed(
+        10, ["abc", "日本語", "\n\n", "\n\n\n", "\t\t", "\r\n\r\n", "\u3000\u3000", "7"], 40_000
+    ),
 }
 
 

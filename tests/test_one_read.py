@@ -1,9 +1,11 @@
 """One read of every source byte per run (H3): a tokenize job reads each source once and deals its records
 to its shards, in this process or in worker processes; every shard is byte for byte the one a one-shard job
 writes, whatever the grouping; the bytes read (read.json, summed in the store's manifest) equal the
-sources' sizes for .jsonl.gz, .jsonl.zst, plain .jsonl, paragraph .txt and Parquet."""
+sources' sizes for .jsonl.gz, .jsonl.zst, plain .jsonl, paragraph .txt and Parquet (other columns too), and
+each source's sha256 is taken from that one read (get-data reads no source)."""
 
 import gzip
+import hashlib
 import json
 
 import pyarrow as pa
@@ -14,6 +16,7 @@ import zstandard
 from llmpipe.data import stfile
 from llmpipe.data.get_data import get_data, load_sources, sources_key
 from llmpipe.data.readers import limits
+from llmpipe.data.readers.opener import SourceSizeChanged
 from llmpipe.data.token_store import main as token_store_main
 from llmpipe.data.tokenize import job_shards, num_jobs, shard_name, tokenize_job, tokenize_shard
 from llmpipe.data.tokenizer import copy_tokenizer
@@ -37,9 +40,12 @@ def _write(kind: str, folder) -> str:
     elif kind == "txt":
         path = folder / "corpus.txt"
         path.write_text("\n\n".join(d.replace("\n\n", "\n") for d in DOCS), encoding="utf-8")
-    else:
+    elif kind == "parquet":
         path = folder / "corpus.parquet"
         pq.write_table(pa.table({"text": DOCS}), path, row_group_size=16)
+    else:  # another column beside the text, in every row group: read through, not skipped
+        path = folder / "corpus.parquet"
+        pq.write_table(pa.table({"id": list(range(len(DOCS))), "text": DOCS}), path, row_group_size=16)
     return str(path)
 
 
@@ -50,21 +56,22 @@ def tok(tmp_path_factory):
     return str(out)
 
 
-def _setup(tmp_path, kind: str, per_job=None):
+def _setup(tmp_path, kind: str, per_job=None, text_mode="paragraph"):
     source = _write(kind, tmp_path)
-    data = {"sources": [source], "num_shards": SHARDS, "shards_per_job": per_job, "text_mode": "paragraph"}
+    data = {"sources": [source], "num_shards": SHARDS, "shards_per_job": per_job, "text_mode": text_mode}
     cfg = tiny_config(tmp_path, data=data, tokenizer={"source": str(tmp_path / "tok")})
     get_data(cfg["data"], tmp_path / "sources.json")
     return cfg, source
 
 
-@pytest.mark.parametrize("kind", ["gz", "zst", "jsonl", "txt", "txt_streamed", "parquet"])
+@pytest.mark.parametrize("kind", ["gz", "zst", "jsonl", "txt", "txt_streamed", "txt_file_streamed", "parquet", "parquet_columns"])
 def test_one_job_reads_each_byte_once_and_writes_the_shards_of_one_shard_jobs(tmp_path, tok, kind, monkeypatch):
-    if kind == "txt_streamed":  # a paragraph file over HUGE_RECORD_BYTES: read in chunks, paragraphs as found
-        monkeypatch.setattr(limits, "HUGE_RECORD_BYTES", 4096)
+    mode = "file" if kind == "txt_file_streamed" else "paragraph"
+    if kind.endswith("_streamed"):  # a file over HUGE_RECORD_BYTES: read in chunks (paragraphs as found; or the
+        monkeypatch.setattr(limits, "HUGE_RECORD_BYTES", 4096)  # whole file, one document, spooled as read)
         monkeypatch.setattr(limits, "HUGE_CHUNK", 1000)
         kind = "txt"
-    cfg, source = _setup(tmp_path, kind)
+    cfg, source = _setup(tmp_path, kind, text_mode=mode)
     sources = str(tmp_path / "sources.json")
     alone = tmp_path / "alone"
     for s in range(SHARDS):
@@ -74,10 +81,16 @@ def test_one_job_reads_each_byte_once_and_writes_the_shards_of_one_shard_jobs(tm
         tokenize_job(cfg, sources, 0, tok, job, threads, per_job=SHARDS)
         for s in range(SHARDS):
             assert (job / shard_name(s)).read_bytes() == (alone / shard_name(s)).read_bytes(), (kind, threads, s)
-        read = json.loads((job / "read.json").read_text())["bytes_read"]
-        assert read == {source: (tmp_path / source).stat().st_size}, (kind, threads)
+        read = json.loads((job / "read.json").read_text())
+        size = (tmp_path / source).stat().st_size
+        assert read["bytes_read"] == {source: size}, (kind, threads)
+        # its sha256, taken as it was read (get-data reads no source)
+        assert read["sha256"] == [[0, 0, size, hashlib.sha256((tmp_path / source).read_bytes()).hexdigest()]], (kind, threads)
     documents = [json.loads(stfile.header(alone / shard_name(s))[0]["__metadata__"]["counts"]) for s in range(SHARDS)]
-    assert all(c["train"]["documents"] > 0 for c in documents)  # every shard got its share
+    if mode == "file":  # the file is one document
+        assert sum(c[split]["documents"] for c in documents for split in ("train", "val")) == 1
+    else:
+        assert all(c["train"]["documents"] > 0 for c in documents)  # every shard got its share
 
 
 def test_manifest_counts_reads_and_names_a_grouping_that_reads_twice(tmp_path, tok):
@@ -101,6 +114,24 @@ def test_manifest_counts_reads_and_names_a_grouping_that_reads_twice(tmp_path, t
     manifest, grouped = json.loads((one / "manifest.json").read_text()), json.loads(out.read_text())
     assert manifest["source_reads"]["ratio"] == 1.0 and manifest["source_reads"]["not_read_once"] == {}
     assert manifest["fingerprint"] == grouped["fingerprint"] and manifest["totals"] == grouped["totals"]
+    digest = hashlib.sha256((tmp_path / "corpus.jsonl.gz").read_bytes()).hexdigest()
+    assert manifest["source_sha256"] == grouped["source_sha256"] == {source: digest}
+
+    # a job that read other bytes for the same source (the file changed in between): the store stops
+    read = jobs[1] / "read.json"
+    got = json.loads(read.read_text())
+    got["sha256"][0][3] = "0" * 64
+    read.write_text(json.dumps(got))
+    with pytest.raises(ValueError, match="changed while it was tokenized"):
+        token_store_main(["--shards", *map(str, jobs), "--sources", sources, "--out", str(out)])
+
+
+def test_a_source_that_changed_size_after_get_data_stops_the_job(tmp_path, tok):
+    cfg, source = _setup(tmp_path, "jsonl")
+    with open(source, "a") as fh:
+        fh.write(json.dumps({"text": "one more"}) + "\n")
+    with pytest.raises(SourceSizeChanged, match="changed after get-data recorded its size"):
+        tokenize_job(cfg, str(tmp_path / "sources.json"), 0, tok, tmp_path / "job", 1, per_job=SHARDS)
 
 
 def test_a_worker_failure_stops_the_job_naming_it(tmp_path, tok, monkeypatch):

@@ -96,6 +96,23 @@ def test_bad_records_skipped_with_exact_counts_and_order_kept(tmp_path):
     assert stats.examples["bad_json"][0].startswith(f"{tmp_path / 'bad.jsonl'}:3: not valid JSON")
 
 
+@pytest.mark.parametrize("kind", ["parquet", "hf"])
+def test_parquet_text_that_is_not_utf8_is_a_bad_record(tmp_path, kind):
+    """Arrow does not check a string column's UTF-8 on read: a value that is not UTF-8 is a bad record named by
+    its row (skip: counted, the rows around it kept; fail: one error naming it), in a Parquet file or an
+    `hf:` dataset of Parquet files."""
+    values = pa.array([b"good one", b"bad \xff utf8", b"good two"], pa.binary()).view(pa.string())
+    (tmp_path / "d").mkdir()
+    pq.write_table(pa.table({"text": values}), tmp_path / "d" / "train.parquet")
+    source = tmp_path / "d" / "train.parquet" if kind == "parquet" else f"hf:{tmp_path / 'd'}"
+    stats = ReadStats()
+    assert list(iter_documents(data_cfg([source], on_bad_record="skip"), stats)) == ["good one", "good two"]
+    where = f"{source}:row 1" if kind == "parquet" else f"{source}[1]"
+    assert dict(stats.skipped) == {"invalid_utf8": 1} and stats.examples["invalid_utf8"][0].startswith(f"{where}: invalid UTF-8")
+    with pytest.raises(BadRecord, match="invalid UTF-8 at byte 4"):
+        list(iter_documents(data_cfg([source], on_bad_record="fail")))
+
+
 def test_wrong_parquet_column_is_named(tmp_path):
     pq.write_table(pa.table({"content": ["a"]}), tmp_path / "x.parquet")
     with pytest.raises(BadRecord, match="no 'text' column \\(columns: content\\)"):

@@ -83,12 +83,12 @@ def snakemake(cwd, *args, env=None, timeout=600, popen=False):
 
 
 def digests(run):
-    """sha256 of every data-stage file (logs and the views' log-like extras excluded; get_data's hash cache
+    """sha256 of every data-stage file (logs and the views' log-like extras excluded; get_data's range cache
     records each source's inode and ctime, which differ between two copies by design)."""
     out = {}
     for p in sorted(run.rglob("*")):
         rel = p.relative_to(run).as_posix()
-        if p.is_file() and rel.startswith(("data/", "tokenizer/")) and rel != "data/.sources-hashes.json":
+        if p.is_file() and rel.startswith(("data/", "tokenizer/")) and rel != "data/.sources-ranges.json":
             out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
     return out
 

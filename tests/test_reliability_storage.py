@@ -140,3 +140,27 @@ def test_other_errors_keep_their_traceback(prepared, tmp_path):
     args[args.index("--store") + 1] = str(tmp_path / "missing" / "manifest.json")
     proc = cli(args)
     assert proc.returncode != 0 and "Traceback" in proc.stderr
+
+
+def test_a_folder_output_replaced_is_never_left_half_removed(tmp_path, monkeypatch):
+    """A rerun (the CLI, build_view) replacing a complete folder output, killed while the old folder is being
+    removed: the output name already holds the whole new folder; the old one waits under a temporary name."""
+    from llmpipe import io
+
+    target = tmp_path / "view"
+    target.mkdir()
+    for name in ("train", "val", "view.json"):
+        (target / name).write_text("old")
+    remove = io._remove
+
+    def killed(path):  # the kill, while the old folder is removed
+        if path.name.endswith("-old") and path.exists():
+            raise KeyboardInterrupt
+        remove(path)
+
+    monkeypatch.setattr(io, "_remove", killed)
+    with pytest.raises(KeyboardInterrupt), io.atomic_path(target) as tmp:
+        tmp.mkdir()
+        (tmp / "view.json").write_text("new")
+    assert [p.name for p in target.iterdir()] == ["view.json"] and (target / "view.json").read_text() == "new"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".view.tmp-")] == [f".view.tmp-{os.getpid()}-old"]

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import zlib
 
 import pytest
 
@@ -54,10 +55,17 @@ def test_truncated_gz_fail_names_file_and_place(truncated_gz):
         read(truncated_gz, "fail")
 
 
+def complete_records(path) -> int:
+    """Complete lines in what zlib decompresses of a damaged gzip file before it breaks (the reference)."""
+    data = zlib.decompressobj(31).decompress(path.read_bytes())
+    return data[: data.rfind(b"\n") + 1].count(b"\n")
+
+
 def test_truncated_gz_skip_keeps_records_before_the_break(truncated_gz, docs, caplog):
     stats = ReadStats()
     out = read(truncated_gz, "skip", stats)
-    assert 0 < len(out) < len(docs) and out == docs[: len(out)]  # the complete records before the cut, in order
+    # every complete record before the cut, in order (the read that met the cut used to lose up to 1 MiB)
+    assert 0 < len(out) < len(docs) and out == docs[: complete_records(truncated_gz)]
     assert skipped_sources(stats) == {"damaged_source": [str(truncated_gz)]}
     d = stats.as_dict()
     assert d["sources_skipped"] == {"damaged_source": 1} and d["sources_skipped_total"] == 1
@@ -89,13 +97,14 @@ def test_garbage_compressed_bytes(tmp_path, name):
     assert skipped_sources(stats) == {"unreadable_source": [str(path)]}
 
 
-def test_garbage_after_good_gzip_member(tmp_path, docs):
+@pytest.mark.parametrize("tail", [b"\x1f\x8b\x08garbage" * 20, b"GARBAGE"], ids=["gzip_magic_then_garbage", "garbage"])
+def test_garbage_after_good_gzip_member(tmp_path, docs, tail):
     path = tmp_path / "tail.jsonl.gz"
-    path.write_bytes(gzip.compress(jsonl_bytes(docs[:3])) + b"\x1f\x8b\x08garbage" * 20)
-    with pytest.raises(BadSource, match=rf"^{path}: "):
+    path.write_bytes(gzip.compress(jsonl_bytes(docs[:300])) + tail)
+    with pytest.raises(BadSource, match=rf"^{path}: unreadable after line 300, 300 records"):
         read(path, "fail")
     stats = ReadStats()
-    read(path, "skip", stats)
+    assert read(path, "skip", stats) == docs[:300]  # every record of the good member
     assert str(path) in json.dumps(stats.as_dict()["sources_skipped_examples"])
 
 

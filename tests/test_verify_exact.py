@@ -261,3 +261,32 @@ def test_unshuffled_view_without_segment_ids_passes_and_a_config_mismatch_is_nam
     run_verify(store, views, cfg, tmp_path)
     other = merge(cfg, {"data": {"remainder": "drop"}})  # the views were packed under another policy
     fails(["hf/train", "remainder"], lambda: run_verify(store, views, other, tmp_path))
+
+
+@pytest.mark.parametrize(
+    "fmt, split, key, value",
+    [
+        ("hf", "train", "rows", 999),
+        ("hf", "train", "dropped_tokens", 0),
+        ("hf", "val", "tokens_packed", 123456),
+        ("litgpt", "train", "file_pad_tokens", 7),
+        ("megatron", "val", "tokens", 5),
+        ("hf", None, "tokenizer_sha256", "0" * 64),
+        ("litgpt", None, "fingerprint", "0" * 64),
+        ("megatron", None, "store_fingerprint", None),
+    ],
+)
+def test_view_json_counts_and_identity_are_checked(store, tmp_path, fmt, split, key, value):
+    """What view.json says (rows and token counts copied into stats.json, the fingerprint training resumes
+    on, the tokenizer evaluate checks) must be what the view and its store hold."""
+    import json
+
+    cfg = config(store)
+    (view,) = build(store, tmp_path, cfg, fmts=(fmt,))
+    run_verify(store, [view], cfg, tmp_path)  # passes as written
+    info = json.loads((view / "view.json").read_text())
+    assert (info[split] if split else info).get(key) != value
+    (info[split] if split else info)[key] = value
+    (view / "view.json").write_text(json.dumps(info))
+    where = f"{fmt}/{split}" if split else re.escape(f"{view}/view.json")
+    fails([where, key], lambda: run_verify(store, [view], cfg, tmp_path))

@@ -28,9 +28,17 @@ def atomic_path(target: str | Path) -> Iterator[Path]:
     try:
         yield tmp
         _default_modes(tmp)
-        if tmp.is_dir() and target.exists():
-            _remove(target)
-        os.replace(tmp, target)
+        if tmp.is_dir() and target.exists():  # a folder cannot replace a folder in one rename
+            old = tmp.with_name(f"{tmp.name}-old")  # removed as stale if this process is killed
+            os.replace(target, old)  # a kill from here on leaves no output, never a half-removed one
+            try:
+                os.replace(tmp, target)
+            except BaseException:
+                os.replace(old, target)
+                raise
+            _remove(old)
+        else:
+            os.replace(tmp, target)
     finally:
         _remove(tmp)
 

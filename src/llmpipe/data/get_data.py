@@ -1,7 +1,8 @@
-"""get_data: resolve the corpus sources (braces, globs, URLs, HF ids) and fingerprint them -> sources.json.
+"""get_data: resolve the corpus sources (braces, globs, URLs, HF ids) and describe them -> sources.json.
 
-The tokenize shards stream straight from these sources (no intermediate copy); the fingerprints
-key every later output to the exact input bytes. With fewer sources than data.num_shards, a local plain
+The tokenize shards stream straight from these sources (no intermediate copy). No source byte is read here:
+local files are described by path and size (their sha256 is taken by the tokenize jobs as they read them,
+tokenize.source_checksums), remote ones by size and ETag / mtime. With fewer sources than data.num_shards, a local plain
 JSONL file of at least data.range_split_bytes is cut here into one byte range per shard at record
 starts ("ranges" of its entry, so they key every later output too): each tokenize job reads only its own.
 """
@@ -77,29 +78,28 @@ def get_data(data_cfg: dict, out: str | Path) -> dict:
     else:
         sources = expand_sources(data_cfg["sources"])
     bad = check_sources(sources, data_cfg["on_bad_record"])
-    cache = Path(out).with_name(".sources-hashes.json")  # not an output: survives Snakemake's delete
+    cache = Path(out).with_name(".sources-ranges.json")  # not an output: survives Snakemake's delete
     known = json.loads(cache.read_text()) if cache.is_file() else {}
-    # skip: a directory or unreadable file stays listed (the tokenize jobs count it) but cannot be hashed
-    # local files are hashed on every core at once (hashlib frees the GIL): at terabyte scale one core is the limit
-    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+    # skip: a directory or unreadable file stays listed (the tokenize jobs count it); no source is read here
+    # (the tokenize jobs take each local file's sha256 as they read it: one read per byte)
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:  # remote objects: one request each, at once
         entries = list(
             pool.map(
-                lambda s: {"source": s, "unusable": bad[s]} if s in bad and "0 bytes" not in bad[s] else describe(s, known),
-                sources,
+                lambda s: {"source": s, "unusable": bad[s]} if s in bad and "0 bytes" not in bad[s] else describe(s), sources
             )
         )
-    local = {e["source"]: {"stat": local_stat(e["source"]), "sha256": e["sha256"]} for e in entries if "sha256" in e}
-    rehashed = sum(1 for s, v in local.items() if {k: known.get(s, {}).get(k) for k in v} != v)
+    local = {}
     n, split = data_cfg["num_shards"], splits(data_cfg, sources, bad)
     for entry in entries:
         if entry["source"] not in split:
             continue
-        seen, mine = known.get(entry["source"], {}), local[entry["source"]]
-        if seen.get("stat") == mine["stat"] and seen.get("ranges", {}).get("shards") == n:
+        seen, stat = known.get(entry["source"], {}), local_stat(entry["source"])
+        if seen.get("stat") == stat and seen.get("ranges", {}).get("shards") == n:
             ranges = seen["ranges"]["at"]  # unchanged file, same shard count: the same cut
         else:
             ranges = [list(r) for r in split_points(entry["source"], n)]
             log.info("%s: %d bytes cut into %d byte ranges at record starts", entry["source"], entry["size"], n)
+        mine = local[entry["source"]] = {"stat": stat}
         if ranges[-1][0] != entry["size"]:
             raise BadSource("damaged_source", entry["source"], f"changed while get-data read it ({ranges[-1][0]} bytes)")
         entry["ranges"] = ranges  # [byte offset, first record index, first line number] per shard, then the end
@@ -112,14 +112,7 @@ def get_data(data_cfg: dict, out: str | Path) -> dict:
     key = hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()
     manifest = {"sources": entries, "key": key, **({"mixture": mix} if mix else {})}
     write_json(out, manifest)
-    log.info(
-        "%d sources, %s bytes, key %s; %d local file(s) hashed, %d unchanged (size, mtime, ctime, inode)",
-        len(entries),
-        sum(e.get("size") or 0 for e in entries),
-        key[:12],
-        rehashed,
-        len(local) - rehashed,
-    )
+    log.info("%d sources, %s bytes, key %s", len(entries), sum(e.get("size") or 0 for e in entries), key[:12])
     return manifest
 
 

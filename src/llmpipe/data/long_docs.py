@@ -15,8 +15,10 @@ start and no match before x looked at characters past the piece's end. The cuts,
    pre-tokenizing, so they are hard boundaries (tiktoken sends documents holding one to HF).
 3. otherwise (no space in the window: CJK, digits, newlines, one long word): the tokenizer's own
    pre-tokenizer runs on the window text[pos:pos + w] and the cut is its last pre-token start that is
-   at most `MARGIN` characters from the window's end and not inside the window's trailing whitespace
-   run. Past a match's end the patterns look at most 3 characters ahead (contractions, greedy runs,
+   at most `MARGIN` characters from the window's end, not inside the window's trailing whitespace
+   run and not right after two whitespace characters (a run of 2+ whitespace ended by the cut is one
+   pre-token at the end of a piece, `\\s+(?!\\S)` at the end of the text, but two in the whole text,
+   where it backs off before the next non-space: "\n\n" is 628 alone, 198 198 before a letter). Past a match's end the patterns look at most 3 characters ahead (contractions, greedy runs,
    `\\p{N}{1,3}`), except whitespace alternatives (`\\s+(?!\\S)`, `\\s*[\\r\\n]+`), which look to the end
    of their whitespace run: so every match before such a cut was decided inside the window, and the
    scan of the whole text makes the same matches up to the cut (digit runs stay grouped by 3 from
@@ -218,6 +220,8 @@ class Cutter:
         limit = min(len(window.rstrip()), len(window) - MARGIN)
         starts = self.pretokenize(window)
         i = bisect.bisect_right(starts, limit) - 1
+        while i >= 0 and starts[i] > 1 and window[starts[i] - 2 : starts[i]].isspace():  # after 2+ whitespace: not a cut
+            i -= 1
         return pos + starts[i] if i >= 0 and starts[i] > 0 else 0
 
     @staticmethod

@@ -18,12 +18,13 @@ from llmpipe.io import atomic_path, write_json
 log = logging.getLogger(__name__)
 
 
+VIEW_KEYS = ("remainder", "val_remainder", "shuffle", "shuffle_seed", "segment_ids", "litgpt_sequences_per_file")
+
+
 def view_key(store: TokenStore, fmt: str, cfg: dict) -> str:
     """What a view depends on: the store's content and the packing parameters."""
     d = cfg["data"]
-    params = {
-        k: d[k] for k in ("remainder", "val_remainder", "shuffle", "shuffle_seed", "segment_ids", "litgpt_sequences_per_file")
-    }
+    params = {k: d[k] for k in VIEW_KEYS}
     params.update(format=fmt, seq_len=cfg["train"]["seq_len"])
     return hashlib.sha256(f"{store.manifest['fingerprint']}:{json.dumps(params, sort_keys=True)}".encode()).hexdigest()
 

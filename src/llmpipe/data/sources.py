@@ -16,8 +16,6 @@ from dataclasses import dataclass
 
 from braceexpand import braceexpand
 
-from llmpipe.io import sha256_file
-
 HF_PREFIX = "hf:"  # a Hugging Face dataset (hf:<repo or saved folder>), read by readers._hf
 RECORD_BITS = 40  # doc id = source index << RECORD_BITS | record index
 
@@ -161,25 +159,20 @@ def stat_digest(paths: list[str]) -> str:
     return h.hexdigest()
 
 
-def describe(source: str, known: dict | None = None) -> dict:
-    """Identity of a source for keying outputs: sha256 for local files, size + etag/mtime for remote ones.
-    known: {source: {"stat": local_stat, "sha256": ...}} from an earlier run; a local file whose stat is
-    unchanged keeps its sha256 without being read again."""
+def describe(source: str) -> dict:
+    """Identity of a source for keying outputs: its size (local files; their sha256 is taken by the tokenize
+    jobs as they read them, with no read of its own), size + etag/mtime for remote ones."""
     if source.startswith(HF_PREFIX):
         return {"source": source}
+    if "://" not in source:
+        return {"source": source, "size": os.path.getsize(source)}
     import fsspec
 
     fs, path = fsspec.core.url_to_fs(source)
     info = fs.info(path)
     entry = {"source": source, "size": info.get("size")}
     protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    if protocol in ("file", "local"):
-        seen = (known or {}).get(source)
-        if seen and seen["stat"] == local_stat(path):
-            entry["sha256"] = seen["sha256"]
-            return entry
-        entry["sha256"] = sha256_file(path)
-    else:
+    if protocol not in ("file", "local"):
         for key in ("ETag", "etag", "LastModified", "mtime", "last_modified"):
             if key in info:
                 entry[key.lower()] = str(info[key])

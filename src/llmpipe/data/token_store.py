@@ -33,10 +33,15 @@ def fingerprint_part(entry: dict) -> bytes:
 
 
 def build_manifest(
-    shards: list[str | Path], out: str | Path, sources_key: str | None = None, mix: dict | None = None, reads: dict | None = None
+    shards: list[str | Path],
+    out: str | Path,
+    sources_key: str | None = None,
+    mix: dict | None = None,
+    reads: dict | None = None,
+    checksums: dict | None = None,
 ) -> dict:
     """`mix`: the mixture plan of sources.json, for per-group counts (per-source counts are always made);
-    `reads`: source_reads() of the tokenize jobs."""
+    `reads`: source_reads() of the tokenize jobs; `checksums`: source_checksums() of them."""
     shards, out = [Path(s) for s in shards], Path(out)
     entries, tokenizer = [], None
     totals = {s: {"documents": 0, "tokens": 0} for s in SPLITS}
@@ -89,6 +94,7 @@ def build_manifest(
         "by_source": by_source,  # source index (sources.json order) -> split -> documents, tokens stored
         **({"by_group": mixture.group_counts(by_source, mix)} if mix else {}),
         **({"source_reads": reads} if reads else {}),
+        **({"source_sha256": checksums} if checksums else {}),
     }
     write_json(out, manifest)
     log.info("token store %s: %s; read %s", out.parent, totals, manifest["read"])
@@ -213,6 +219,38 @@ def source_reads(job_dirs: list[Path], sources_json: str | Path) -> dict | None:
     }
 
 
+def source_checksums(job_dirs: list[Path], sources_json: str | Path) -> dict | None:
+    """The local sources' sha256 from the tokenize jobs' read.json (each job hashes what it reads): merge_checksums."""
+    from llmpipe.data.tokenize import READ_FILE
+
+    entries = json.loads(Path(sources_json).read_text())["sources"]
+    found = [(json.loads((d / READ_FILE).read_text()).get("sha256", []), d) for d in job_dirs if (d / READ_FILE).is_file()]
+    return merge_checksums(found, entries)
+
+
+def merge_checksums(found: list[tuple[list, object]], entries: list[dict]) -> dict | None:
+    """{source: sha256}; a source cut into byte ranges: {source: [[start, end, sha256], ...]} of its ranges.
+    found: ([source index, start, end, sha256] lists, the job that wrote them). Two jobs that read different
+    bytes for the same range (the file changed in between) stop the store."""
+    spans: dict[tuple, tuple] = {}
+    for sums, job in found:
+        for i, a, b, digest in sums:
+            first = spans.setdefault((i, a, b), (digest, job))
+            if first[0] != digest:
+                raise ValueError(
+                    f"data source {entries[i]['source']} bytes {a}..{b} read by tokenize jobs {first[1]} and {job} differ "
+                    f"(sha256 {first[0]} vs {digest}): the file changed while it was tokenized; run get-data and tokenize again"
+                )
+    out: dict = {}
+    for (i, a, b), (digest, _) in sorted(spans.items()):
+        name = entries[i]["source"]
+        if "ranges" in entries[i]:
+            out.setdefault(name, []).append([a, b, digest])
+        else:
+            out[name] = digest
+    return out or None
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="llmpipe token-store", description=__doc__)
     p.add_argument("--shards", nargs="+", required=True, help="token shards, or tokenize job folders of them, in order")
@@ -220,5 +258,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", required=True, help="manifest.json to write (beside the shards)")
     args = p.parse_args(argv)
     key = json.loads(Path(args.sources).read_text())["key"] if args.sources else None
-    reads = source_reads([Path(p) for p in args.shards if Path(p).is_dir()], args.sources) if args.sources else None
-    build_manifest(shard_files(args.shards), args.out, key, mixture.load(args.sources) if args.sources else None, reads)
+    jobs = [Path(p) for p in args.shards if Path(p).is_dir()]
+    reads = source_reads(jobs, args.sources) if args.sources else None
+    sums = source_checksums(jobs, args.sources) if args.sources else None
+    build_manifest(shard_files(args.shards), args.out, key, mixture.load(args.sources) if args.sources else None, reads, sums)

@@ -19,7 +19,8 @@ from pathlib import Path
 from llmpipe import config as cfgmod
 from llmpipe.data import mixture, stfile
 from llmpipe.data.long_docs import EncodeError
-from llmpipe.data.readers import BadRecord
+from llmpipe.data.readers import BadRecord, SourceChanged
+from llmpipe.data.readers.opener import SourceSizeChanged
 from llmpipe.data.shard_set import SPLITS, gc_paused, token_dtype, use_bos  # noqa: F401 (their home before; imported from here)
 from llmpipe.io import atomic_path
 
@@ -121,7 +122,7 @@ def tokenize_job(
     grouping (shards_per_job with the source count it saw). Beside the shards: read.json, the bytes
     read from each source (readers.SOURCE_BYTES)."""
     from llmpipe.data.get_data import load_sources, sources_key
-    from llmpipe.data.readers import SOURCE_BYTES
+    from llmpipe.data.readers import SOURCE_BYTES, SOURCE_HASHES
 
     d = cfg["data"]
     shards = job_shards(d, job, per_job)
@@ -132,16 +133,45 @@ def tokenize_job(
     outs = {i: out_dir / shard_name(i) for i in shards}
     start = time.time()
     SOURCE_BYTES.clear()
-    write(cfg, load_sources(sources_json), outs, tokenizer_dir, threads, sources_key(sources_json), mixture.load(sources_json))
+    SOURCE_HASHES.clear()
+    sources = load_sources(sources_json)
+    write(cfg, sources, outs, tokenizer_dir, threads, sources_key(sources_json), mixture.load(sources_json))
+    sums = source_checksums(d, sources, json.loads(Path(sources_json).read_text())["sources"], shards)
     with atomic_path(out_dir / READ_FILE) as tmp:
-        tmp.write_text(json.dumps({"bytes_read": dict(SOURCE_BYTES)}, indent=1))
+        tmp.write_text(json.dumps({"bytes_read": dict(SOURCE_BYTES), "sha256": sums}, indent=1))
     log.info(
         "job %d: %d shards in %.1f s, %d threads, read %s", job, len(shards), time.time() - start, threads, dict(SOURCE_BYTES)
     )
     return list(outs.values())
 
 
-READ_FILE = "read.json"  # a tokenize job's source bytes read
+READ_FILE = "read.json"  # a tokenize job's source bytes read and the sha256 of what it read
+
+
+def source_checksums(d: dict, sources: list[str], entries: list[dict], shards) -> list[list]:
+    """[source index, start, end, sha256] of each local source, or byte range of one, that `shards` read:
+    hashed as the readers read it, the rest read now (readers.SOURCE_HASHES.digest). A source that cannot
+    be read (skipped under on_bad_record: skip) gets None."""
+    from llmpipe.data.readers import SOURCE_HASHES
+    from llmpipe.data.sources import assign
+
+    spans = set()
+    for shard in shards:
+        plan = assign(sources, d["num_shards"], shard)
+        ranged = {i: r for i, r in plan.ranges}
+        for i, source in plan.sources:
+            e = entries[i]
+            if "unusable" in e or e.get("size") is None or "://" in source and not source.startswith("file://"):
+                continue
+            spans.add((i, ranged[i].start, ranged[i].end) if i in ranged else (i, 0, e["size"]))
+    out = []
+    for i, a, b in sorted(spans):
+        try:
+            out.append([i, a, b, SOURCE_HASHES.digest(entries[i]["source"], a, b)])
+        except OSError as exc:
+            log.warning("data source %s: no sha256 (%s)", entries[i]["source"], exc)
+            out.append([i, a, b, None])
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -169,5 +199,10 @@ def main(argv: list[str] | None = None) -> None:
             tokenize_shard(
                 cfg, load_sources(src), args.shard, args.tokenizer, args.out, args.threads, sources_key(src), mixture.load(src)
             )
-    except (BadRecord, EncodeError) as exc:  # a bad record or source (on_bad_record: fail), a tokenizer failure: one line
+    except (
+        BadRecord,
+        EncodeError,
+        SourceChanged,
+        SourceSizeChanged,
+    ) as exc:  # a bad record or source, a tokenizer failure: one line
         raise SystemExit(f"llmpipe tokenize: error: {exc}") from None

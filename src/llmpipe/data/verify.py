@@ -10,7 +10,9 @@ stats (counts, skips, sha256 of every file).
   dataset's state.json / dataset_info.json; litgpt: every token of every file, padding included;
   megatron: tokens, lengths, byte offsets, document index) is compared with what the pack layout
   (pack.Layout, pack.order) makes of the store, under every remainder policy. A difference names the
-  file and the row / token position.
+  file and the row / token position. view.json too: its counts (copied into the stats) are the layout's,
+  its store fingerprint, tokenizer and eos are the store's, its fingerprint (what a run resumes on) the
+  one this store and config give.
 
 Memory stays flat as the corpus grows: files are read in bounded chunks with plain reads (no memory
 map keeps pages resident); what is held whole is O(rows + documents): the row order and document starts.
@@ -102,10 +104,36 @@ def _check_policy(view: str, split: str, s: dict, data_cfg: dict | None) -> None
 
 
 def _check_view_info(store: TokenStore, view: Path, info: dict) -> None:
-    if info.get("store_fingerprint") not in (None, store.manifest["fingerprint"]):
-        raise VerifyError(f"{view}/view.json: built from another token store ({info['store_fingerprint']})")
-    if info.get("eos_id", store.eos_id) != store.eos_id:
-        raise VerifyError(f"{view}/view.json: eos_id {info['eos_id']}, the store's is {store.eos_id}")
+    """view.json's identity (what training, evaluate and plan trust) against the store."""
+    if info.get("store_fingerprint") != store.manifest["fingerprint"]:
+        raise VerifyError(
+            f"{view}/view.json: store_fingerprint {info.get('store_fingerprint')}: built from another token store "
+            f"than {store.manifest_path} ({store.manifest['fingerprint']})"
+        )
+    if info.get("eos_id") != store.eos_id:
+        raise VerifyError(f"{view}/view.json: eos_id {info.get('eos_id')}, the store's is {store.eos_id}")
+    if info.get("tokenizer_sha256") != store.manifest["tokenizer"]["sha256"]:
+        raise VerifyError(
+            f"{view}/view.json: tokenizer_sha256 {info.get('tokenizer_sha256')}, the store's is {store.manifest['tokenizer']['sha256']}"
+        )
+
+
+def _check_view_key(store: TokenStore, view: Path, info: dict, data_cfg: dict | None) -> None:
+    """view.json's fingerprint (what a run resumes on) is the one this store and config give (after the view's
+    own checks, which name a differing setting)."""
+    from llmpipe.data.pack_views import VIEW_KEYS, view_key
+
+    if data_cfg and all(k in data_cfg for k in VIEW_KEYS):
+        want = view_key(store, info["format"], {"data": data_cfg, "train": {"seq_len": info["seq_len"]}})
+        if info.get("fingerprint") != want:
+            raise VerifyError(f"{view}/view.json: fingerprint {info.get('fingerprint')}, this store and config make {want}")
+
+
+def _check_counts(where: str, recorded: dict, made: dict) -> None:
+    """The counts view.json records for a split (copied into stats.json) against those of the layout checked."""
+    for key, value in made.items():
+        if recorded.get(key) != value:
+            raise VerifyError(f"{where}: view.json says {key} {recorded.get(key)!r}, the view holds {value!r}")
 
 
 def verify_hf(store: TokenStore, view: Path, info: dict, data_cfg: dict | None = None) -> dict:
@@ -128,6 +156,7 @@ def verify_hf(store: TokenStore, view: Path, info: dict, data_cfg: dict | None =
             cols = hf._columns(segment_ids, "int16" if seq_len < 2**15 else "int32")
             with _Stream(store, split) as stream:
                 layout = Layout(stream.size, seq_len, s["remainder"])
+                _check_counts(f"hf/{split}", s, layout.stats())
                 files = hf.data_files(layout.rows, hf.row_bytes(cols, seq_len))
                 names = [name for name, _ in files]
                 made_by = {
@@ -202,8 +231,11 @@ def verify_litgpt(store: TokenStore, view: Path, info: dict, data_cfg: dict | No
             with _Stream(store, split) as stream:
                 layout = Layout(stream.size, block, s["remainder"])
                 n_files = -(-layout.rows // per)
-                if len(files) != n_files or s.get("files", n_files) != n_files:
+                if len(files) != n_files:
                     raise VerifyError(f"litgpt/{split}: {len(files)} files in {view / folder}, the layout makes {n_files}")
+                tail = layout.rows % per
+                made = {**layout.stats(), "files": n_files, "file_pad_tokens": (per - tail) * block if tail else 0}
+                _check_counts(f"litgpt/{split}", s, {**made, "dtype": dtype.newbyteorder("=").name})
                 perm = order(layout.rows, s["shuffle"], s["seed"])
                 real = 0
                 for c, path in enumerate(files):
@@ -253,6 +285,9 @@ def verify_megatron(store: TokenStore, view: Path, info: dict, data_cfg: dict | 
             if len(head) != HEAD.size:
                 raise VerifyError(f"{idx_path}: shorter than its header")
             magic, version, code, seqs, ndocs = HEAD.unpack(head)
+            _check_counts(
+                f"megatron/{split}", info[split], {"documents": docs, "tokens": tokens, "dtype": dtype.newbyteorder("=").name}
+            )
             if (magic, version, code, seqs, ndocs) != (MAGIC, VERSION, CODES[dtype.newbyteorder("=")], docs, docs + 1):
                 raise VerifyError(
                     f"{idx_path}: header {(magic, version, code, seqs, ndocs)}, the store has {docs} documents of {dtype}"
@@ -325,6 +360,7 @@ def verify(
         "documents": {s: store.manifest["totals"][s]["documents"] for s in SPLITS},
         "tokens": {s: store.manifest["totals"][s]["tokens"] for s in SPLITS},
         "read": store.manifest["read"],
+        "source_sha256": store.manifest.get("source_sha256"),  # taken by the tokenize jobs as they read
         "views": {},
         "files": {},
     }
@@ -339,6 +375,7 @@ def verify(
         _check_view_info(store, view, info)
         check = {"hf": verify_hf, "litgpt": verify_litgpt, "megatron": verify_megatron}[info["format"]]
         result["views"][info["format"]] = {"conservation": check(store, view, info, data_cfg), **{s: info[s] for s in SPLITS}}
+        _check_view_key(store, view, info, data_cfg)
     for root in [store.root, *views]:
         for f in sorted(p for p in root.rglob("*") if p.is_file()):
             result["files"][str(f)] = {"bytes": f.stat().st_size, "sha256": sha256_file(f)}

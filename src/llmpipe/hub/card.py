@@ -69,6 +69,16 @@ def _table(header: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
+def _checksum(recorded) -> str | None:
+    """A source's sha256 as the token store recorded it; a file read by byte ranges: `ranges:` and the sha256
+    of its ranges' sha256s in order (each range's is in the store's manifest)."""
+    if isinstance(recorded, list):
+        import hashlib
+
+        return "ranges:" + hashlib.sha256("".join(d or "-" for _, _, d in recorded).encode()).hexdigest()
+    return recorded
+
+
 def card_facts(
     cfg: dict,
     hf_dir: Path,
@@ -89,7 +99,7 @@ def card_facts(
         data_rows.append(
             {
                 "source": entry["source"],
-                "sha256": entry.get("sha256") or entry.get("etag") or "-",
+                "sha256": _checksum(manifest.get("source_sha256", {}).get(entry["source"])) or entry.get("etag") or "-",
                 "bytes": entry.get("size"),
                 "group": entry.get("group"),
                 "train_tokens": counts.get("train", {}).get("tokens", 0),

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from llmpipe.data.readers.hf import _hf
 from llmpipe.data.readers.huge import StreamedText
 from llmpipe.data.readers.jsonl import SourceChanged, _jsonl, split_points
-from llmpipe.data.readers.opener import SOURCE_BYTES, _base_name, _compression
+from llmpipe.data.readers.opener import SOURCE_BYTES, SOURCE_HASHES, _base_name, _compression
 from llmpipe.data.readers.parquet import _parquet
 from llmpipe.data.readers.stats import BadRecord, BadSource, ReadStats, broken, is_read_error
 from llmpipe.data.readers.text import _text
@@ -156,6 +156,7 @@ __all__ = [  # what other modules use; the rest is in the kind's module
     "BadSource",
     "ReadStats",
     "SOURCE_BYTES",
+    "SOURCE_HASHES",
     "SourceChanged",
     "StreamedText",
     "check",

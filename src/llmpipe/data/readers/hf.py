@@ -6,7 +6,7 @@ import itertools
 import json
 from collections.abc import Iterator
 
-from llmpipe.data.readers.parquet import _MISSING, _arrow_values, _parquet_file, _parquet_values
+from llmpipe.data.readers.parquet import _MISSING, InvalidUtf8, _arrow_values, _parquet_file, _parquet_values
 from llmpipe.data.readers.stats import BadRecord
 from llmpipe.data.sources import HF_PREFIX
 
@@ -15,7 +15,9 @@ def _hf(spec: str, cfg: dict) -> Iterator[tuple[str, object]]:
     field = cfg["text_field"]
     for i, value in enumerate(_hf_values(spec[len(HF_PREFIX) :], cfg)):
         where = f"{spec}[{i}]"
-        yield where, BadRecord("missing_field", where, f"no '{field}' field") if value is _MISSING else value
+        if value is _MISSING:
+            value = BadRecord("missing_field", where, f"no '{field}' field")
+        yield where, value.bad(where) if isinstance(value, InvalidUtf8) else value
 
 
 def _hf_values(path: str, cfg: dict) -> Iterator[object]:

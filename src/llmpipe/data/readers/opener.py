@@ -1,8 +1,9 @@
-"""Opening a source: local or fsspec, gzip / zstd / bz2 / xz, bytes counted per source; lines of bytes."""
+"""Opening a source: local or fsspec, gzip / zstd / bz2 / xz, bytes counted and hashed per source; lines of bytes."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from collections import Counter
 from collections.abc import Iterator
 
@@ -21,21 +22,132 @@ def _base_name(url: str) -> str:
 SOURCE_BYTES: Counter = Counter()
 
 
+class _Span:
+    """sha256 of bytes [start, end) of a source; `own`: a run's own (not continuing another);
+    `data`: those bytes, kept while the run is short (_Hashes.KEEP), else None."""
+
+    __slots__ = ("start", "end", "sha", "own", "data")
+
+    def __init__(self, start: int, end: int, sha, own: bool, data: bytearray | None):
+        self.start, self.end, self.sha, self.own, self.data = start, end, sha, own, data
+
+
+class _Hashes:
+    """sha256 of the bytes read from each source, hashed as they are read, so a source's checksum costs no
+    read of its own. A run (the reads of one opened file between seeks that move it) makes a span; a short
+    run's bytes are kept, and a run that starts where a kept one ended continues it too (Parquet: its magic
+    is read first, then the row groups after it; its footer, read before them, is kept)."""
+
+    KEEP = 64 << 10  # a run's bytes are kept while it is no longer than this
+    KEEP_TOTAL = 64 << 20  # and while all kept bytes stay under this (past it: read again, counted)
+
+    def __init__(self):
+        self.spans: dict[str, list[_Span]] = {}
+        self.kept = 0
+
+    def clear(self) -> None:
+        self.spans.clear()
+        self.kept = 0
+
+    def run(self, url: str, pos: int) -> list[_Span]:
+        """The spans a run starting at `pos` feeds: its own, and one continuing a kept run that ended at `pos`."""
+        spans = self.spans.setdefault(url, [])
+        runs = [_Span(pos, pos, hashlib.sha256(), True, bytearray())]
+        prior = next((s for s in spans if s.data and s.end == pos), None)
+        if prior is not None:
+            runs.append(_Span(prior.start, pos, hashlib.sha256(prior.data), False, None))
+        spans.extend(runs)
+        return runs
+
+    def feed(self, runs: list[_Span], data) -> None:
+        for span in runs:
+            span.sha.update(data)
+            span.end += len(data)
+        own = runs[0]
+        if own.data is None:
+            return
+        if own.end - own.start <= self.KEEP and self.kept + len(data) <= self.KEEP_TOTAL:
+            own.data += data
+            self.kept += len(data)
+        else:
+            self.kept -= len(own.data)
+            own.data = None
+
+    def digest(self, url: str, start: int, end: int) -> str:
+        """sha256 of bytes [start, end) of local file `url`: from what the readers hashed, the rest read now (a
+        reader that stopped early, e.g. max_records_per_source; counted in SOURCE_BYTES). A file no longer
+        `end` bytes long raises SourceSizeChanged."""
+        if start == end:  # an empty byte range (more shards than records there)
+            return hashlib.sha256().hexdigest()
+        spans = self.spans.get(url, [])
+        best = max((s for s in spans if s.start == start and s.end <= end), key=lambda s: s.end, default=None)
+        at, h = (best.end, best.sha.copy()) if best else (start, hashlib.sha256())
+        while at < end and (piece := next((s for s in spans if s.data and s.start == at), None)):
+            h.update(piece.data[: end - at])
+            at += min(len(piece.data), end - at)
+        if at < end:
+            with open(url.removeprefix("file://"), "rb") as fh:
+                fh.seek(at)
+                while at < end and (data := fh.read(min(1 << 20, end - at))):
+                    SOURCE_BYTES[url] += len(data)
+                    h.update(data)
+                    at += len(data)
+        if at != end or any(s.own and s.start == start and s.end > end for s in spans):  # shrank, grew
+            raise SourceSizeChanged(
+                f"data source {url} changed after get-data recorded its size ({end} bytes, range from {start}): "
+                "run get-data again (Snakemake does when a corpus file changes)"
+            )
+        return h.hexdigest()
+
+
+class SourceSizeChanged(RuntimeError):
+    """A source whose size changed after get-data recorded it."""
+
+
+SOURCE_HASHES = _Hashes()
+
+
 class _Counted:
-    """A binary file whose reads add to SOURCE_BYTES[url]; everything else is the file's own."""
+    """A binary file whose reads add to SOURCE_BYTES[url] and SOURCE_HASHES; everything else is the file's own."""
 
     def __init__(self, fh, url: str):
-        self._fh, self._url = fh, url
+        self._fh, self._url, self._pos, self._runs = fh, url, fh.tell(), None
+
+    def _count(self, data) -> None:
+        SOURCE_BYTES[self._url] += len(data)
+        if self._runs is None:
+            self._runs = SOURCE_HASHES.run(self._url, self._pos)
+        SOURCE_HASHES.feed(self._runs, data)
+        self._pos += len(data)
 
     def read(self, size: int = -1) -> bytes:
         data = self._fh.read(size)
-        SOURCE_BYTES[self._url] += len(data)
+        if data:
+            self._count(data)
         return data
 
     def readinto(self, buf) -> int:
         n = self._fh.readinto(buf)
-        SOURCE_BYTES[self._url] += n or 0
+        if n:
+            self._count(memoryview(buf).cast("B")[:n])
         return n
+
+    read_through = False  # True: a seek forward reads the bytes it passes (Parquet: its other columns), so
+    # every byte is read once, in order, and hashed on the way
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        target = {0: offset, 1: self._pos + offset}.get(whence)
+        if self.read_through and target is not None and target > self._pos:
+            while self._pos < target and self.read(min(1 << 20, target - self._pos)):
+                pass
+            return self._pos
+        pos = self._fh.seek(offset, whence)
+        if pos != self._pos:
+            self._pos, self._runs = pos, None
+        return pos
+
+    def tell(self) -> int:
+        return self._pos
 
     def __getattr__(self, name: str):
         return getattr(self._fh, name)
@@ -78,9 +190,74 @@ def _open_binary(url: str) -> Iterator:
             from isal import igzip
 
             with igzip.IGzipFile(fileobj=raw, mode="rb") as fh:
-                yield fh
+                yield _Salvaged(fh, url)
         else:
             yield _ZstdStream(raw)
+
+
+class _Salvaged:
+    """A gzip reader (ISA-L's) that, when a read fails part way (a truncated or damaged member, bytes after the
+    last member that are not gzip), first hands out what came before the break, then raises: IGzipFile gives
+    nothing back from a read that fails, which lost up to a read (1 MiB) of complete records. What came before
+    is found by reading the file again (only then: _salvage)."""
+
+    def __init__(self, fh, url: str):
+        self._fh, self._url, self._pos, self._error = fh, url, 0, None
+
+    def read(self, size: int = -1) -> bytes:
+        if self._error is not None:
+            raise self._error
+        try:
+            data = self._fh.read(size)
+        except Exception as exc:
+            from llmpipe.data.readers.stats import is_read_error
+
+            if not is_read_error(exc):
+                raise
+            rest, self._error = _salvage(self._url, self._pos)
+            if not rest:
+                raise self._error from exc
+            data = rest
+        self._pos += len(data)
+        return data
+
+    def __getattr__(self, name: str):
+        return getattr(self._fh, name)
+
+
+SALVAGE_FEED = 4096  # compressed bytes per step when salvaging: damaged deflate data loses at most one step's output
+
+
+def _salvage(url: str, skip: int) -> tuple[bytes, Exception]:
+    """The decompressed bytes of gzip source `url` past the first `skip`, up to where the stream breaks, and an
+    error saying how it breaks (read again from the start, counted)."""
+    import gzip
+
+    from isal import isal_zlib
+
+    out, seen, done, d = [], 0, 0, isal_zlib.decompressobj(wbits=31)
+    with _open_raw(url) as raw:
+        data = b""
+        while True:
+            if d.eof:  # a member ended: what follows must be another member
+                data, d = d.unused_data + data, isal_zlib.decompressobj(wbits=31)
+                data += raw.read(2 - len(data)) if len(data) < 2 else b""
+                if not data:
+                    return b"".join(out), EOFError("the gzip stream ended before the break")  # not reached in practice
+                if data[:2] != b"\x1f\x8b":
+                    error = gzip.BadGzipFile(f"bytes after the gzip member ending at byte {done} are not gzip data")
+                    return b"".join(out), error
+            if not data and not (data := raw.read(SALVAGE_FEED)):
+                return b"".join(out), EOFError(f"the file ends inside a gzip member, at byte {done} (truncated?)")
+            try:
+                piece = d.decompress(data)
+            except isal_zlib.error as exc:
+                return b"".join(out), exc
+            done += len(data) - len(d.unused_data)
+            data = b""
+            if seen + len(piece) > skip:
+                out.append(piece[max(0, skip - seen) :])
+            seen += len(piece)
 
 
 class _ZstdStream:

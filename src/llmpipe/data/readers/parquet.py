@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 from llmpipe.data.readers import limits
 from llmpipe.data.readers.opener import _open_raw
-from llmpipe.data.readers.stats import BadSource
+from llmpipe.data.readers.stats import BadRecord, BadSource
 
 
 def _parquet_file(fh):
@@ -16,7 +16,9 @@ def _parquet_file(fh):
     Python file object: peak RSS grew with the file, +56 MB at 100 MB of text)."""
     import pyarrow.parquet as pq
 
-    return pq.ParquetFile(fh, metadata=_parquet_footer(fh), pre_buffer=False, buffer_size=limits.HUGE_CHUNK)
+    meta = _parquet_footer(fh)
+    fh.read_through = meta is not None  # other columns' bytes are read too, not skipped: one read of each byte, hashed
+    return pq.ParquetFile(fh, metadata=meta, pre_buffer=False, buffer_size=limits.HUGE_CHUNK)
 
 
 def _parquet_footer(fh):
@@ -38,7 +40,7 @@ def _parquet_footer(fh):
         return None
     fh.seek(size - 8 - n)
     meta = pq.read_metadata(io.BytesIO(b"PAR1" + fh.read(n) + tail))
-    fh.seek(0)
+    fh.seek(4)  # where the first column chunk starts: the magic is not read again
     return meta
 
 
@@ -61,9 +63,30 @@ def _arrow_values(batches, column: str) -> Iterator[object]:
         values = batch.column(column)
         del batch
         for at in range(0, len(values), limits.PARQUET_BATCH):
-            yield from values.slice(at, limits.PARQUET_BATCH).to_pylist()
+            part = values.slice(at, limits.PARQUET_BATCH)
+            try:
+                yield from part.to_pylist()
+            except UnicodeDecodeError:  # a string column holding invalid UTF-8 (Arrow does not check on read)
+                yield from map(_as_py, part)
         del values
         pool.release_unused()
+
+
+def _as_py(value) -> object:
+    try:
+        return value.as_py()
+    except UnicodeDecodeError as exc:
+        return InvalidUtf8(exc.start)
+
+
+class InvalidUtf8:
+    """A text value that is not UTF-8 (a bad record: the reader names it and where)."""
+
+    def __init__(self, start: int):
+        self.start = start
+
+    def bad(self, where: str) -> BadRecord:
+        return BadRecord("invalid_utf8", where, f"invalid UTF-8 at byte {self.start}")
 
 
 def _parquet(url: str, text_field: str) -> Iterator[tuple[str, object]]:
@@ -72,7 +95,8 @@ def _parquet(url: str, text_field: str) -> Iterator[tuple[str, object]]:
         if text_field not in pf.schema_arrow.names:
             raise BadSource("missing_field", url, f"no '{text_field}' column (columns: {', '.join(pf.schema_arrow.names)})")
         for row, value in enumerate(_parquet_values(pf, text_field)):
-            yield f"{url}:row {row}", value
+            where = f"{url}:row {row}"
+            yield where, value.bad(where) if isinstance(value, InvalidUtf8) else value
 
 
 _MISSING = object()  # a record without the text field

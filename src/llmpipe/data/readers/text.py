@@ -28,24 +28,17 @@ def _read_at_least(fh, n: int) -> bytes:
     return b"".join(out)
 
 
-def _file_chunks(url: str) -> Iterator[bytes]:
-    """The bytes of a text source in HUGE_CHUNK pieces, without a leading byte order mark."""
-    with opener._open_binary(url) as fh:
-        data = _read_at_least(fh, limits.HUGE_CHUNK)
-        yield data[len(BOM) :] if data.startswith(BOM) else data
-        while data := fh.read(limits.HUGE_CHUNK):
-            yield data
-
-
-def _huge_text(url: str) -> object:
-    """A text file too long to hold as one document: a StreamedText reading the file again for each use,
-    or BadRecord (invalid UTF-8, at the offset bytes.decode('utf-8-sig') reports)."""
-    tally, bad = _Tally(False), []
-    for text in _decoded(_small(_file_chunks(url)), 0, bad):
+def _huge_text(url: str, chunks: Iterator[bytes]) -> object:
+    """A text file too long to hold as one document (`chunks`: its bytes, without a leading byte order mark):
+    a StreamedText of its text, spooled to a temporary file as the source is read, once (as a huge JSONL
+    record's), or BadRecord (invalid UTF-8, at the offset bytes.decode('utf-8-sig') reports)."""
+    tally, bad = _Tally(True), []
+    for text in _decoded(_small(chunks), 0, bad):
         tally.add(text)
     if bad:
+        tally.fh.close()
         return BadRecord("invalid_utf8", url, f"invalid UTF-8 at byte {bad[0]}")
-    return StreamedText(lambda: _decoded(_file_chunks(url)), tally.chars, tally.nbytes, tally.nul, tally.blank)
+    return tally.text()
 
 
 class _Piece:
@@ -144,9 +137,12 @@ def _text(url: str, mode: str) -> Iterator[tuple[str, object]]:
             head, raw = _pieces_of(raw), None  # the first bytes held only until they are split
             yield from _paragraphs(url, itertools.chain(head, iter(lambda: fh.read(limits.HUGE_CHUNK), b"")))
             return
-    if len(raw) > limits.HUGE_RECORD_BYTES:  # the document streamed
-        del raw
-        yield url, _huge_text(url)
+        if len(raw) > limits.HUGE_RECORD_BYTES:  # the document streamed, from the bytes read so far on
+            head = _pieces_of(raw[len(BOM) :] if raw.startswith(BOM) else raw)
+            raw = None
+            doc = _huge_text(url, itertools.chain(head, iter(lambda: fh.read(limits.HUGE_CHUNK), b"")))
+    if raw is None:
+        yield url, doc
         return
     try:
         yield url, raw.decode("utf-8-sig")  # without a leading byte order mark
