@@ -112,12 +112,14 @@ class _Counted:
 
     def __init__(self, fh, url: str):
         self._fh, self._url, self._pos, self._runs = fh, url, fh.tell(), None
+        self._hashed = "://" not in url or url.startswith("file://")  # local files (remote ones: ETag, get-data)
 
     def _count(self, data) -> None:
         SOURCE_BYTES[self._url] += len(data)
-        if self._runs is None:
-            self._runs = SOURCE_HASHES.run(self._url, self._pos)
-        SOURCE_HASHES.feed(self._runs, data)
+        if self._hashed:
+            if self._runs is None:
+                self._runs = SOURCE_HASHES.run(self._url, self._pos)
+            SOURCE_HASHES.feed(self._runs, data)
         self._pos += len(data)
 
     def read(self, size: int = -1) -> bytes:
