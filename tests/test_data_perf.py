@@ -213,12 +213,9 @@ def test_hf_view_over_the_file_bound_is_cut_into_files_as_save_to_disk_cuts_it(t
         assert rows[0] == rows[1]
 
     view = tmp_path / "view"
+    info = {"seq_len": 16}  # and per split what view.json holds: write_split's stats
     for split in ("train", "val"):
-        hf.write_split(store, split, view / split, 16, "drop", split == "train", 5, True)
-    info = {
-        "seq_len": 16,
-        **{s: {"remainder": "drop", "shuffle": s == "train", "seed": 5, "segment_ids": True} for s in ("train", "val")},
-    }
+        info[split] = hf.write_split(store, split, view / split, 16, "drop", split == "train", 5, True)
     assert verify_hf(store, view, info)["train"]["rows"] == one.num_rows
     (view / "train" / names[1]).unlink()
     with pytest.raises(VerifyError, match=names[1]):
