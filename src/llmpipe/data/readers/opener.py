@@ -23,20 +23,19 @@ SOURCE_BYTES: Counter = Counter()
 
 
 class _Span:
-    """sha256 of bytes [start, end) of a source; `own`: a run's own (not continuing another);
-    `data`: those bytes, kept while the run is short (_Hashes.KEEP), else None."""
+    """sha256 of bytes [start, end) of a source, read in one run; `data`: those bytes, kept while the run is
+    short (_Hashes.KEEP), else None."""
 
-    __slots__ = ("start", "end", "sha", "own", "data")
+    __slots__ = ("start", "end", "sha", "data")
 
-    def __init__(self, start: int, end: int, sha, own: bool, data: bytearray | None):
-        self.start, self.end, self.sha, self.own, self.data = start, end, sha, own, data
+    def __init__(self, start: int):
+        self.start, self.end, self.sha, self.data = start, start, hashlib.sha256(), bytearray()
 
 
 class _Hashes:
     """sha256 of the bytes read from each source, hashed as they are read, so a source's checksum costs no
-    read of its own. A run (the reads of one opened file between seeks that move it) makes a span; a short
-    run's bytes are kept, and a run that starts where a kept one ended continues it too (Parquet: its magic
-    is read first, then the row groups after it; its footer, read before them, is kept)."""
+    read of its own. A run (reads of one opened file, each where the last ended) makes a span; a short
+    run's bytes are kept, so a span can be completed by them (Parquet: its footer, read before the rest)."""
 
     KEEP = 64 << 10  # a run's bytes are kept while it is no longer than this
     KEEP_TOTAL = 64 << 20  # and while all kept bytes stay under this (past it: read again, counted)
@@ -49,29 +48,23 @@ class _Hashes:
         self.spans.clear()
         self.kept = 0
 
-    def run(self, url: str, pos: int) -> list[_Span]:
-        """The spans a run starting at `pos` feeds: its own, and one continuing a kept run that ended at `pos`."""
-        spans = self.spans.setdefault(url, [])
-        runs = [_Span(pos, pos, hashlib.sha256(), True, bytearray())]
-        prior = next((s for s in spans if s.data and s.end == pos), None)
-        if prior is not None:
-            runs.append(_Span(prior.start, pos, hashlib.sha256(prior.data), False, None))
-        spans.extend(runs)
-        return runs
+    def run(self, url: str, pos: int) -> _Span:
+        """The span of a run starting at `pos`."""
+        span = _Span(pos)
+        self.spans.setdefault(url, []).append(span)
+        return span
 
-    def feed(self, runs: list[_Span], data) -> None:
-        for span in runs:
-            span.sha.update(data)
-            span.end += len(data)
-        own = runs[0]
-        if own.data is None:
+    def feed(self, span: _Span, data) -> None:
+        span.sha.update(data)
+        span.end += len(data)
+        if span.data is None:
             return
-        if own.end - own.start <= self.KEEP and self.kept + len(data) <= self.KEEP_TOTAL:
-            own.data += data
+        if span.end - span.start <= self.KEEP and self.kept + len(data) <= self.KEEP_TOTAL:
+            span.data += data
             self.kept += len(data)
         else:
-            self.kept -= len(own.data)
-            own.data = None
+            self.kept -= len(span.data)
+            span.data = None
 
     def digest(self, url: str, start: int, end: int) -> str:
         """sha256 of bytes [start, end) of local file `url`: from what the readers hashed, the rest read now (a
@@ -92,7 +85,7 @@ class _Hashes:
                     SOURCE_BYTES[url] += len(data)
                     h.update(data)
                     at += len(data)
-        if at != end or any(s.own and s.start == start and s.end > end for s in spans):  # shrank, grew
+        if at != end or any(s.start == start and s.end > end for s in spans):  # shrank, grew
             raise SourceSizeChanged(
                 f"data source {url} changed after get-data recorded its size ({end} bytes, range from {start}): "
                 "run get-data again (Snakemake does when a corpus file changes)"
@@ -111,15 +104,15 @@ class _Counted:
     """A binary file whose reads add to SOURCE_BYTES[url] and SOURCE_HASHES; everything else is the file's own."""
 
     def __init__(self, fh, url: str):
-        self._fh, self._url, self._pos, self._runs = fh, url, fh.tell(), None
+        self._fh, self._url, self._pos, self._span = fh, url, fh.tell(), None
         self._hashed = "://" not in url or url.startswith("file://")  # local files (remote ones: ETag, get-data)
 
     def _count(self, data) -> None:
         SOURCE_BYTES[self._url] += len(data)
         if self._hashed:
-            if self._runs is None:
-                self._runs = SOURCE_HASHES.run(self._url, self._pos)
-            SOURCE_HASHES.feed(self._runs, data)
+            if self._span is None or self._span.end != self._pos:  # a read not where the last one ended: a new run
+                self._span = SOURCE_HASHES.run(self._url, self._pos)
+            SOURCE_HASHES.feed(self._span, data)
         self._pos += len(data)
 
     def read(self, size: int = -1) -> bytes:
@@ -143,10 +136,8 @@ class _Counted:
             while self._pos < target and self.read(min(1 << 20, target - self._pos)):
                 pass
             return self._pos
-        pos = self._fh.seek(offset, whence)
-        if pos != self._pos:
-            self._pos, self._runs = pos, None
-        return pos
+        self._pos = self._fh.seek(offset, whence)
+        return self._pos
 
     def tell(self) -> int:
         return self._pos
@@ -217,6 +208,7 @@ class _Salvaged:
             if not is_read_error(exc):
                 raise
             rest, self._error = _salvage(self._url, self._pos)
+            self._error = self._error or exc  # no break found again (a read error of the file): the reader's own
             if not rest:
                 raise self._error from exc
             data = rest
@@ -230,9 +222,9 @@ class _Salvaged:
 SALVAGE_FEED = 4096  # compressed bytes per step when salvaging: damaged deflate data loses at most one step's output
 
 
-def _salvage(url: str, skip: int) -> tuple[bytes, Exception]:
+def _salvage(url: str, skip: int) -> tuple[bytes, Exception | None]:
     """The decompressed bytes of gzip source `url` past the first `skip`, up to where the stream breaks, and an
-    error saying how it breaks (read again from the start, counted)."""
+    error saying how it breaks, None if it does not (read again from the start, counted)."""
     import gzip
 
     from isal import isal_zlib
@@ -245,7 +237,7 @@ def _salvage(url: str, skip: int) -> tuple[bytes, Exception]:
                 data, d = d.unused_data + data, isal_zlib.decompressobj(wbits=31)
                 data += raw.read(2 - len(data)) if len(data) < 2 else b""
                 if not data:
-                    return b"".join(out), EOFError("the gzip stream ended before the break")  # not reached in practice
+                    return b"".join(out), None
                 if data[:2] != b"\x1f\x8b":
                     error = gzip.BadGzipFile(f"bytes after the gzip member ending at byte {done} are not gzip data")
                     return b"".join(out), error

@@ -22,16 +22,16 @@ def _parquet_file(fh):
 
 
 def _parquet_footer(fh):
-    """The file's metadata, read exactly (its leading magic, the footer and its length): pyarrow's own
-    open reads the last 64 KiB, then the column chunks there again. None: not a well-formed tail (pyarrow
-    then opens it and names what is wrong)."""
+    """The file's metadata, read exactly (the footer and its length, then its leading magic, so the magic and
+    the row groups after it are one run of reads, hashed in order: opener._Hashes): pyarrow's own open reads
+    the last 64 KiB, then the column chunks there again. None: not a well-formed file (pyarrow then opens it
+    and names what is wrong)."""
     import io
 
     import pyarrow.parquet as pq
 
     size = fh.seek(0, 2)
-    fh.seek(0)
-    if size < 12 or fh.read(4) != b"PAR1":
+    if size < 12:
         return None
     fh.seek(size - 8)
     tail = fh.read(8)
@@ -39,9 +39,11 @@ def _parquet_footer(fh):
     if tail[4:] != b"PAR1" or n + 12 > size:
         return None
     fh.seek(size - 8 - n)
-    meta = pq.read_metadata(io.BytesIO(b"PAR1" + fh.read(n) + tail))
-    fh.seek(4)  # where the first column chunk starts: the magic is not read again
-    return meta
+    footer = fh.read(n)
+    fh.seek(0)
+    if fh.read(4) != b"PAR1":
+        return None
+    return pq.read_metadata(io.BytesIO(b"PAR1" + footer + tail))  # the file now stands at its first column chunk
 
 
 def _parquet_values(pf, column: str) -> Iterator[object]:
