@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
 from llmpipe import backends, overrides, profiles, run_identity
 from llmpipe.config import ConfigError, validate
-from llmpipe.data.mixture import paths as source_paths
+from llmpipe.data.mixture import is_mixture, paths as source_paths
 from llmpipe.data.readers import HF_PREFIX
 from llmpipe.data.tokenizer import TOKENIZER_FILES
 from llmpipe.data.tokenize import num_jobs as tokenize_jobs, shards_per_job
@@ -148,6 +148,8 @@ SHARDS_PER_JOB = shards_per_job(config["data"], source_count())
 TOKENIZE_JOBS = [f"{j:05d}" for j in range(tokenize_jobs(config["data"], per_job=SHARDS_PER_JOB))]
 _CORES = getattr(workflow.global_resources.get("_cores"), "value", None) or os.cpu_count() or 1
 TOKENIZE_THREADS = min(SHARDS_PER_JOB, _CORES) if len(TOKENIZE_JOBS) == 1 else 1
+# get_data counts a mixture's (weighted sources') files before tokenizing: one process per file at once.
+GET_DATA_THREADS = min(source_count(), _CORES) if is_mixture(config["data"]["sources"]) else 1
 if config["tokenizer"]["source"] == "base":  # the base model's own tokenizer (continued pre-training)
     config["tokenizer"]["source"] = HUB_BASE if is_hub_ref(config["model"]["init_from"]) else config["model"]["init_from"]
 

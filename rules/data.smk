@@ -11,12 +11,13 @@ rule get_data:
         f"{RUN}/logs/get_data.log",
     conda:
         "../envs/torch.yaml"
+    threads: GET_DATA_THREADS
     params:
         cfg=cfg_json("data"),
         files=corpus_stat,  # size, mtime, ctime, inode: an edit that keeps the mtime still reruns it
         remote=corpus_remote,  # ETag / version id of objects, commit of Hub datasets, as listed now
     shell:
-        "python -m llmpipe get-data --config {params.cfg:q} --out {output:q} > {log:q} 2>&1"
+        "python -m llmpipe get-data --config {params.cfg:q} --threads {threads} --out {output:q} > {log:q} 2>&1"
 
 
 rule tokenizer:

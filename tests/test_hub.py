@@ -383,7 +383,7 @@ def test_dry_run_hub_rules(tmp_path):
     for enabled in (False, True):
         conf.write_text(yaml.safe_dump(merge(base, {"hub": {"release": {"enabled": enabled, "repo_id": "me/m"}}})))
         proc = subprocess.run(
-            [sys.executable, "-m", "snakemake", "-n", "--cores", "1", "--configfile", str(conf)],
+            [sys.executable, "-m", "snakemake", "-n", "-p", "--cores", "2", "--configfile", str(conf)],
             cwd=REPO,
             capture_output=True,
             text=True,
@@ -394,6 +394,9 @@ def test_dry_run_hub_rules(tmp_path):
         jobs = {line.split()[1].rstrip(":") for line in proc.stdout.splitlines() if line.startswith(("rule ", "localrule "))}
         assert {"download_model", "download_dataset", "init_model"} <= jobs
         assert ("release" in jobs) == enabled and ("model_card" in jobs) == enabled
+        # a mixture's two files are counted by get_data in 2 processes at once
+        get_data = proc.stdout.split("rule get_data:", 1)[1].split("\n\n", 1)[0]
+        assert "threads: 2" in get_data and "get-data --config" in get_data and " --threads 2 " in get_data
 
 
 def test_snakemake_download_model_feeds_tokenizer_and_init(hub_models, tmp_path):

@@ -131,3 +131,38 @@ def test_plain_sources_unchanged_and_bad_weight_named(corpus, tmp_path):
     mixed["data"]["sources"] = [str(corpus / "books_a.jsonl"), {"path": str(corpus / "books_b.jsonl"), "weight": 3}]
     _, mix = plan(cfgmod.validate(mixed)["data"])
     assert [g["weight"] for g in mix["groups"]] == [1.0, 3.0] and [g["name"] for g in mix["groups"]] == ["source0", "source1"]
+
+
+def test_counting_processes_give_the_same_plan_and_name_a_bad_record(corpus, tmp_path, monkeypatch):
+    """get-data --threads: a mixture's files counted by processes at once (real ones) give the same
+    sources.json, key included; a bad record met in a counting process stops get-data with its own error."""
+    import concurrent.futures
+
+    submitted = []
+
+    class Counted(concurrent.futures.ProcessPoolExecutor):
+        def submit(self, fn, *args, **kwargs):
+            submitted.append(args[2])
+            return super().submit(fn, *args, **kwargs)
+
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", Counted)
+    cfg = mixture_config(corpus, 2)
+    one = get_data(cfg["data"], tmp_path / "one.json", threads=1)
+    assert submitted == []
+    three = get_data(cfg["data"], tmp_path / "three.json", threads=3)
+    assert sorted(submitted) == sorted(load_sources(tmp_path / "one.json")) and len(submitted) == 3
+    assert three == one and (tmp_path / "three.json").read_bytes() == (tmp_path / "one.json").read_bytes()
+
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for name in ("books_a.jsonl", "books_b.jsonl", "books_c.jsonl"):
+        (bad / name).write_bytes((corpus / name).read_bytes())
+    with open(bad / "books_c.jsonl", "ab") as fh:
+        fh.write(b'{"text": "cut off\n')
+    cfg = mixture_config(bad, 2)
+    with pytest.raises(ValueError) as serial:
+        get_data(cfg["data"], tmp_path / "x.json", threads=1)
+    with pytest.raises(type(serial.value)) as parallel:
+        get_data(cfg["data"], tmp_path / "y.json", threads=3)
+    assert str(parallel.value) == str(serial.value) and "books_c.jsonl" in str(serial.value)
+    assert parallel.value.reason == serial.value.reason == "bad_json"

@@ -71,10 +71,11 @@ def splits(data_cfg: dict, sources: list[str], bad: dict) -> list[str]:
     return out
 
 
-def get_data(data_cfg: dict, out: str | Path) -> dict:
+def get_data(data_cfg: dict, out: str | Path, threads: int = 1) -> dict:
+    """sources.json for data.sources; `threads`: processes counting a mixture's files at once."""
     mix = None
     if mixture.is_mixture(data_cfg["sources"]):  # weighted sources: groups counted, sampling rates set
-        sources, mix = mixture.plan(data_cfg)
+        sources, mix = mixture.plan(data_cfg, threads)
     else:
         sources = expand_sources(data_cfg["sources"])
     bad = check_sources(sources, data_cfg["on_bad_record"])
@@ -130,8 +131,9 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="llmpipe get-data", description=__doc__)
     p.add_argument("--config", required=True, help="config YAML/JSON file or inline JSON")
     p.add_argument("--out", required=True, help="sources.json to write")
+    p.add_argument("--threads", type=int, default=1, help="weighted sources: processes counting their files at once")
     args = p.parse_args(argv)
     try:
-        get_data(cfgmod.load(args.config)["data"], args.out)
+        get_data(cfgmod.load(args.config)["data"], args.out, args.threads)
     except BadSource as exc:  # one line naming the file, no traceback
         raise SystemExit(f"llmpipe get-data: error: {exc}") from None

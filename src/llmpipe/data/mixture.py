@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from pathlib import Path
 
 from llmpipe.data.sources import RECORD_BITS, paths  # noqa: F401 (paths: mixture.paths for callers)
@@ -41,11 +42,11 @@ def groups(sources: list) -> list[dict]:
     return out
 
 
-def plan(data_cfg: dict) -> tuple[list[str], dict]:
-    """(expanded sources, mixture plan) for data.sources with weights: reads every group once."""
+def plan(data_cfg: dict, workers: int = 1) -> tuple[list[str], dict]:
+    """(expanded sources, mixture plan) for data.sources with weights: reads every group once, its files
+    counted by `workers` processes at once (the plan is the same for any number)."""
     import numpy as np  # here: get-data without a mixture starts faster
 
-    from llmpipe.data.readers import ReadStats, documents
     from llmpipe.data.sources import expand_sources
 
     gs, expanded, group_of, mix_seed = groups(data_cfg["sources"]), [], [], data_cfg["split_seed"]
@@ -53,14 +54,12 @@ def plan(data_cfg: dict) -> tuple[list[str], dict]:
         files = expand_sources([g["path"]])
         expanded += files
         group_of += [g_idx] * len(files)
-        stats, hashes, sizes = ReadStats(), [], []
-        for s_idx, f in enumerate(files, start=len(expanded) - len(files)):
-            for r_idx, text in documents(f, data_cfg, stats):
-                hashes.append(_hash(mix_seed, s_idx, r_idx))
-                sizes.append(len(text.encode("utf-8", "surrogatepass")))
-        g.update(documents=stats.documents, bytes=stats.bytes)
-        g["_docs"] = (np.array(hashes), np.array(sizes, dtype=np.int64))
-        if not stats.bytes:
+    counted = _count_all(data_cfg, expanded, workers)
+    for g_idx, g in enumerate(gs):
+        mine = [c for c, of in zip(counted, group_of) if of == g_idx]
+        g.update(documents=sum(c[2] for c in mine), bytes=sum(c[3] for c in mine))
+        g["_docs"] = (np.concatenate([c[0] for c in mine]), np.concatenate([c[1] for c in mine]))
+        if not g["bytes"]:
             raise ValueError(f"data.sources: mixture group {g['name']!r} ({g['path']}) has no usable documents")
     total_w = sum(g["weight"] for g in gs)
     target = min(g["bytes"] * total_w / g["weight"] for g in gs)
@@ -78,6 +77,44 @@ def plan(data_cfg: dict) -> tuple[list[str], dict]:
         g["rate"] = float(hashes[order[k]]) if k < len(order) else 1.0
         g["bytes_kept"] = int(cum[k - 1]) if k else 0
     return expanded, {"groups": gs, "group_of_source": group_of, "seed": mix_seed}
+
+
+def _count_all(data_cfg: dict, files: list[str], workers: int) -> list[tuple]:
+    """_count of every file, in file order; `workers` > 1: that many processes at once (the first failing
+    file's error is raised, as one process reading them in turn would)."""
+    jobs = [(data_cfg, i, f) for i, f in enumerate(files)]
+    workers = min(workers, len(files))
+    if workers < 2:
+        return [_count(*job) for job in jobs]
+    from concurrent.futures import ProcessPoolExecutor
+
+    handler = logging.root.handlers[0] if logging.root.handlers else None
+    fmt = handler.formatter._fmt if handler and handler.formatter else None
+    pool = ProcessPoolExecutor(workers, initializer=_worker_logging, initargs=(logging.root.level, fmt))
+    try:
+        futures = [pool.submit(_count, *job) for job in jobs]
+        return [f.result() for f in futures]
+    finally:
+        pool.shutdown(cancel_futures=True)
+
+
+def _worker_logging(level: int, fmt: str | None) -> None:
+    """A counting process logs (bad records skipped, long lines) as the get-data process does."""
+    if not logging.root.handlers:
+        logging.basicConfig(level=level, format=fmt)
+
+
+def _count(data_cfg: dict, source_index: int, source: str) -> tuple:
+    """(hash of each usable document, its UTF-8 bytes, documents, bytes) of one source."""
+    import numpy as np
+
+    from llmpipe.data.readers import ReadStats, documents
+
+    stats, hashes, sizes, seed = ReadStats(), [], [], data_cfg["split_seed"]
+    for r_idx, text in documents(source, data_cfg, stats):
+        hashes.append(_hash(seed, source_index, r_idx))
+        sizes.append(len(text.encode("utf-8", "surrogatepass")))
+    return np.array(hashes, dtype=np.float64), np.array(sizes, dtype=np.int64), stats.documents, stats.bytes
 
 
 def load(sources_json: str | Path) -> dict | None:

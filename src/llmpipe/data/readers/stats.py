@@ -17,7 +17,10 @@ class BadRecord(ValueError):
 
     def __init__(self, reason: str, where: str, detail: str):
         super().__init__(f"{where}: {detail}")
-        self.reason, self.where = reason, where
+        self.reason, self.where, self.detail = reason, where, detail
+
+    def __reduce__(self):  # pickled whole (get-data's counting processes raise it in the parent)
+        return type(self), (self.reason, self.where, self.detail)
 
 
 class BadSource(BadRecord):
