@@ -174,10 +174,20 @@ def test_streamed_text_file_gives_the_same_store(tmp_path, monkeypatch, backend)
     assert seen == [True] and streamed == normal
 
 
-@pytest.mark.parametrize("case", ["invalid_utf8", "nul", "empty"])
+@pytest.mark.parametrize("case", ["invalid_utf8", "invalid_utf8_after_bom", "nul", "empty"])
 def test_bad_streamed_text_file(tmp_path, monkeypatch, case):
+    """The same outcome held whole or streamed; invalid UTF-8 named at its file offset (a byte order mark
+    counted, as paragraph mode counts it), found here by decoding the whole file."""
     body = text_of(12, 100_000).encode()
-    data = {"invalid_utf8": body[:80_001] + b"\xe2\x82" + body[80_001:], "nul": body + b"\x00", "empty": b" \n" * 60_000}[case]
+    bad = body[:80_001] + b"\xe2\x82" + body[80_001:]
+    data = {"invalid_utf8": bad, "invalid_utf8_after_bom": opener.BOM + bad, "nul": body + b"\x00", "empty": b" \n" * 60_000}[
+        case
+    ]
+    if case.startswith("invalid"):
+        skip = len(opener.BOM) if data.startswith(opener.BOM) else 0
+        with pytest.raises(UnicodeDecodeError) as exc:
+            data[skip:].decode("utf-8")
+        offset = skip + exc.value.start
     for policy in ("fail", "skip"):
         got = []
         for streamed in (False, True):
@@ -189,6 +199,8 @@ def test_bad_streamed_text_file(tmp_path, monkeypatch, case):
             except BadRecord as err:
                 got.append((err.reason, str(err)))
         assert got[0] == got[1]
+        if case.startswith("invalid") and policy == "fail":
+            assert got[0][0] == "invalid_utf8" and got[0][1].endswith(f": invalid UTF-8 at byte {offset}")
 
 
 def test_special_token_text_in_a_streamed_document(tmp_path, monkeypatch):

@@ -28,12 +28,12 @@ def _read_at_least(fh, n: int) -> bytes:
     return b"".join(out)
 
 
-def _huge_text(url: str, chunks: Iterator[bytes]) -> object:
-    """A text file too long to hold as one document (`chunks`: its bytes, without a leading byte order mark):
-    a StreamedText of its text, spooled to a temporary file as the source is read, once (as a huge JSONL
-    record's), or BadRecord (invalid UTF-8, at the offset bytes.decode('utf-8-sig') reports)."""
+def _huge_text(url: str, chunks: Iterator[bytes], at: int = 0) -> object:
+    """A text file too long to hold as one document (`chunks`: its bytes from file offset `at`, after a leading
+    byte order mark): a StreamedText of its text, spooled to a temporary file as the source is read, once (as a
+    huge JSONL record's), or BadRecord (invalid UTF-8, at the file offset of its first bad byte)."""
     tally, bad = _Tally(True), []
-    for text in _decoded(_small(chunks), 0, bad):
+    for text in _decoded(_small(chunks), at, bad):
         tally.add(text)
     if bad:
         tally.fh.close()
@@ -137,14 +137,14 @@ def _text(url: str, mode: str) -> Iterator[tuple[str, object]]:
             head, raw = _pieces_of(raw), None  # the first bytes held only until they are split
             yield from _paragraphs(url, itertools.chain(head, iter(lambda: fh.read(limits.HUGE_CHUNK), b"")))
             return
+        skip = len(BOM) if raw.startswith(BOM) else 0  # offsets in messages are the file's, as in paragraph mode
         if len(raw) > limits.HUGE_RECORD_BYTES:  # the document streamed, from the bytes read so far on
-            head = _pieces_of(raw[len(BOM) :] if raw.startswith(BOM) else raw)
-            raw = None
-            doc = _huge_text(url, itertools.chain(head, iter(lambda: fh.read(limits.HUGE_CHUNK), b"")))
+            head, raw = _pieces_of(raw[skip:]), None
+            doc = _huge_text(url, itertools.chain(head, iter(lambda: fh.read(limits.HUGE_CHUNK), b"")), skip)
     if raw is None:
         yield url, doc
         return
     try:
         yield url, raw.decode("utf-8-sig")  # without a leading byte order mark
-    except UnicodeDecodeError as exc:
-        yield url, BadRecord("invalid_utf8", url, f"invalid UTF-8 at byte {exc.start}")
+    except UnicodeDecodeError as exc:  # exc.start counts from after the mark
+        yield url, BadRecord("invalid_utf8", url, f"invalid UTF-8 at byte {skip + exc.start}")
