@@ -183,6 +183,14 @@ def test_each_range_has_its_sha256_from_its_one_read(tmp_path, corpus, runs):
         str(corpus / "big.jsonl"): [[a, b, hashlib.sha256(big[a:b]).hexdigest()] for a, b in zip(cuts, cuts[1:])],
         str(corpus / "small.jsonl"): hashlib.sha256(small).hexdigest(),
     }
+    # the model card's one value for a cut file: `ranges:` + the sha256 of its ranges' sha256s in order
+    from llmpipe.hub.card import _checksum
+
+    joined = "".join(hashlib.sha256(big[a:b]).hexdigest() for a, b in zip(cuts, cuts[1:]))
+    assert (
+        _checksum(manifest["source_sha256"][str(corpus / "big.jsonl")]) == "ranges:" + hashlib.sha256(joined.encode()).hexdigest()
+    )
+    assert _checksum(manifest["source_sha256"][str(corpus / "small.jsonl")]) == hashlib.sha256(small).hexdigest()
     three = tmp_path / "three.jsonl"
     three.write_bytes(b"".join(json.dumps({"text": t}).encode() + b"\n" for t in ("a b", "c d", "e f")))
     cfg = tiny_config(
