@@ -144,12 +144,13 @@ HUB_BASE = f"{RUN}/checkpoints/base"
 HUB_DATASETS = {d["name"]: f"{RUN}/data/hub/{d['name']}.parquet" for d in config["hub"]["datasets"]}
 # Tokenize jobs: fewer sources than shards (every shard reads every source) -> one job reading each source
 # once for all shards, its threads encoding; otherwise data.shards_per_job (null: at most 64 jobs).
-SHARDS_PER_JOB = shards_per_job(config["data"], source_count())
+SOURCE_COUNT = source_count()  # globs expanded once per parse
+SHARDS_PER_JOB = shards_per_job(config["data"], SOURCE_COUNT)
 TOKENIZE_JOBS = [f"{j:05d}" for j in range(tokenize_jobs(config["data"], per_job=SHARDS_PER_JOB))]
 _CORES = getattr(workflow.global_resources.get("_cores"), "value", None) or os.cpu_count() or 1
 TOKENIZE_THREADS = min(SHARDS_PER_JOB, _CORES) if len(TOKENIZE_JOBS) == 1 else 1
 # get_data counts a mixture's (weighted sources') files before tokenizing: one process per file at once.
-GET_DATA_THREADS = min(source_count(), _CORES) if is_mixture(config["data"]["sources"]) else 1
+GET_DATA_THREADS = min(SOURCE_COUNT, _CORES) if is_mixture(config["data"]["sources"]) else 1
 if config["tokenizer"]["source"] == "base":  # the base model's own tokenizer (continued pre-training)
     config["tokenizer"]["source"] = HUB_BASE if is_hub_ref(config["model"]["init_from"]) else config["model"]["init_from"]
 

@@ -111,9 +111,11 @@ def _count(data_cfg: dict, source_index: int, source: str) -> tuple:
     from llmpipe.data.readers import ReadStats, documents
 
     stats, hashes, sizes, seed = ReadStats(), [], [], data_cfg["split_seed"]
-    for r_idx, text in documents(source, data_cfg, stats):
+    counted = 0
+    for r_idx, _ in documents(source, data_cfg, stats):  # documents() adds each one's UTF-8 bytes to stats
         hashes.append(_hash(seed, source_index, r_idx))
-        sizes.append(len(text.encode("utf-8", "surrogatepass")))
+        sizes.append(stats.bytes - counted)
+        counted = stats.bytes
     return np.array(hashes, dtype=np.float64), np.array(sizes, dtype=np.int64), stats.documents, stats.bytes
 
 
