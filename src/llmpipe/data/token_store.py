@@ -194,20 +194,23 @@ def shard_files(paths: list[str]) -> list[Path]:
 SHOW_OVER_READ = 20
 
 
-def source_reads(job_dirs: list[Path], sources_json: str | Path) -> dict | None:
-    """Bytes the tokenize jobs read from the sources (their read.json) against the sources' sizes: ratio
-    1.0 is one read of every byte. Sources read more (or less) than once are listed, the first 20."""
+def job_reads(job_dirs: list[Path]) -> list[tuple[dict, Path]]:
+    """Each tokenize job folder's read.json (what it read and hashed), parsed once, with the folder."""
     from llmpipe.data.tokenize import READ_FILE
 
-    files = [d / READ_FILE for d in job_dirs if (d / READ_FILE).is_file()]
-    if not files:
+    return [(json.loads((d / READ_FILE).read_text()), d) for d in job_dirs if (d / READ_FILE).is_file()]
+
+
+def source_reads(jobs: list[tuple[dict, Path]], entries: list[dict]) -> dict | None:
+    """Bytes the tokenize jobs (job_reads) read from the sources against the sources' sizes (sources.json's
+    entries): ratio 1.0 is one read of every byte. Sources read more (or less) than once are listed, the first 20."""
+    if not jobs:
         return None
     read: dict[str, int] = {}
-    for f in files:
-        for src, n in json.loads(f.read_text())["bytes_read"].items():
+    for info, _ in jobs:
+        for src, n in info["bytes_read"].items():
             read[src] = read.get(src, 0) + n
-    sizes = {e["source"]: e.get("size") for e in json.loads(Path(sources_json).read_text())["sources"]}
-    sized = {src: size for src, size in sizes.items() if size}
+    sized = {e["source"]: e["size"] for e in entries if e.get("size")}
     total, got = sum(sized.values()), sum(read.get(src, 0) for src in sized)
     other = {src: {"size": size, "bytes_read": read.get(src, 0)} for src, size in sized.items() if read.get(src, 0) != size}
     return {
@@ -219,13 +222,9 @@ def source_reads(job_dirs: list[Path], sources_json: str | Path) -> dict | None:
     }
 
 
-def source_checksums(job_dirs: list[Path], sources_json: str | Path) -> dict | None:
-    """The local sources' sha256 from the tokenize jobs' read.json (each job hashes what it reads): merge_checksums."""
-    from llmpipe.data.tokenize import READ_FILE
-
-    entries = json.loads(Path(sources_json).read_text())["sources"]
-    found = [(json.loads((d / READ_FILE).read_text()).get("sha256", []), d) for d in job_dirs if (d / READ_FILE).is_file()]
-    return merge_checksums(found, entries)
+def source_checksums(jobs: list[tuple[dict, Path]], entries: list[dict]) -> dict | None:
+    """The local sources' sha256 from the tokenize jobs' read.json (job_reads; each job hashes what it reads)."""
+    return merge_checksums([(info.get("sha256", []), d) for info, d in jobs], entries)
 
 
 def merge_checksums(found: list[tuple[list, object]], entries: list[dict]) -> dict | None:
@@ -257,8 +256,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--sources", help="sources.json (its key goes into the fingerprint)")
     p.add_argument("--out", required=True, help="manifest.json to write (beside the shards)")
     args = p.parse_args(argv)
-    key = json.loads(Path(args.sources).read_text())["key"] if args.sources else None
-    jobs = [Path(p) for p in args.shards if Path(p).is_dir()]
-    reads = source_reads(jobs, args.sources) if args.sources else None
-    sums = source_checksums(jobs, args.sources) if args.sources else None
-    build_manifest(shard_files(args.shards), args.out, key, mixture.load(args.sources) if args.sources else None, reads, sums)
+    sources = json.loads(Path(args.sources).read_text()) if args.sources else {}
+    jobs = job_reads([Path(p) for p in args.shards if Path(p).is_dir()]) if args.sources else []
+    reads = source_reads(jobs, sources["sources"]) if args.sources else None
+    sums = source_checksums(jobs, sources["sources"]) if args.sources else None
+    build_manifest(shard_files(args.shards), args.out, sources.get("key"), sources.get("mixture"), reads, sums)
