@@ -149,8 +149,12 @@ SHARDS_PER_JOB = shards_per_job(config["data"], SOURCE_COUNT)
 TOKENIZE_JOBS = [f"{j:05d}" for j in range(tokenize_jobs(config["data"], per_job=SHARDS_PER_JOB))]
 _CORES = getattr(workflow.global_resources.get("_cores"), "value", None) or os.cpu_count() or 1
 TOKENIZE_THREADS = min(SHARDS_PER_JOB, _CORES) if len(TOKENIZE_JOBS) == 1 else 1
-# get_data counts a mixture's (weighted sources') files before tokenizing: one process per file at once.
-GET_DATA_THREADS = min(SOURCE_COUNT, _CORES) if is_mixture(config["data"]["sources"]) else 1
+# get_data counts a mixture's (weighted sources') files before tokenizing: one process per file at once, as
+# many as a data job has cores: the profile's threads for tokenize where it sets them (a cluster's data nodes;
+# cores here are the head node's, or 1 in a dry run), else the cores here.
+_SET_TOKENIZE = workflow.resource_settings.overwrite_threads.get("tokenize")
+_DATA_CORES = int(getattr(_SET_TOKENIZE, "value", _SET_TOKENIZE) or 0) or _CORES
+GET_DATA_THREADS = min(SOURCE_COUNT, _DATA_CORES) if is_mixture(config["data"]["sources"]) else 1
 if config["tokenizer"]["source"] == "base":  # the base model's own tokenizer (continued pre-training)
     config["tokenizer"]["source"] = HUB_BASE if is_hub_ref(config["model"]["init_from"]) else config["model"]["init_from"]
 
