@@ -153,7 +153,9 @@ TOKENIZE_THREADS = min(SHARDS_PER_JOB, _CORES) if len(TOKENIZE_JOBS) == 1 else 1
 # many as a data job has cores: the profile's threads for tokenize where it sets them (a cluster's data nodes;
 # cores here are the head node's, or 1 in a dry run), else the cores here.
 _SET_TOKENIZE = workflow.resource_settings.overwrite_threads.get("tokenize")
-_DATA_CORES = int(getattr(_SET_TOKENIZE, "value", _SET_TOKENIZE) or 0) or _CORES
+if hasattr(_SET_TOKENIZE, "is_evaluable"):  # a Resource: a number, or an expression known only per job
+    _SET_TOKENIZE = None if _SET_TOKENIZE.is_evaluable() else _SET_TOKENIZE.value
+_DATA_CORES = _SET_TOKENIZE if isinstance(_SET_TOKENIZE, int) and _SET_TOKENIZE > 0 else _CORES
 GET_DATA_THREADS = min(SOURCE_COUNT, _DATA_CORES) if is_mixture(config["data"]["sources"]) else 1
 if config["tokenizer"]["source"] == "base":  # the base model's own tokenizer (continued pre-training)
     config["tokenizer"]["source"] = HUB_BASE if is_hub_ref(config["model"]["init_from"]) else config["model"]["init_from"]

@@ -350,6 +350,8 @@ def test_cluster_mixture_count_takes_a_data_jobs_cores(tmp_path):
     """A mixture's get_data counts its files in as many processes as a data job has cores on the cluster:
     the profile's threads for tokenize, not this host's cores (a head node's; 1 in a dry run). Shown with
     --cores 1024 (as `llmpipe dag` plans a cluster profile), so Snakemake's cap on threads is out of the way."""
+    from tests.test_config_overrides import snakemake  # it imports this module
+
     files = 40
     for i in range(files):
         part = tmp_path / f"part-{i:02d}.jsonl"
@@ -361,11 +363,12 @@ def test_cluster_mixture_count_takes_a_data_jobs_cores(tmp_path):
         {"path": str(tmp_path / "part-[1-9]0.jsonl"), "weight": 0.5},
     ]
     conf.write_text(yaml.safe_dump({"results_dir": str(tmp_path / "r"), "data": {"sources": sources}}))
-    from tests.test_config_overrides import snakemake  # it imports this module
-
-    proc = snakemake(REPO, "-n", "-p", "--profile", "slurm-trn1", "--cores", "1024", "--configfile", str(conf))
-    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
-    block = proc.stdout.split("rule get_data:", 1)[1].split("\n\n", 1)[0]
     data_cores = yaml.safe_load((REPO / "profiles/slurm-trn1/config.v8+.yaml").read_text())["set-threads"]["tokenize"]
     assert data_cores < files
-    assert f"threads: {data_cores}" in block and f" --threads {data_cores} " in block
+    # the profile's number; threads set by an expression (known only per job) leave the cores here
+    for extra, want in (((), data_cores), (("--set-threads", "tokenize=max(2, 3)"), files)):
+        args = ["-n", "-p", "--profile", "slurm-trn1", "--cores", "1024", "--configfile", str(conf), *extra]
+        proc = snakemake(REPO, *args)
+        assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+        block = proc.stdout.split("rule get_data:", 1)[1].split("\n\n", 1)[0]
+        assert f"threads: {want}" in block and f" --threads {want} " in block, extra
