@@ -260,4 +260,5 @@ def main(argv: list[str] | None = None) -> None:
     jobs = job_reads([Path(p) for p in args.shards if Path(p).is_dir()]) if args.sources else []
     reads = source_reads(jobs, sources["sources"]) if args.sources else None
     sums = source_checksums(jobs, sources["sources"]) if args.sources else None
-    build_manifest(shard_files(args.shards), args.out, sources.get("key"), sources.get("mixture"), reads, sums)
+    key = sources["key"] if args.sources else None
+    build_manifest(shard_files(args.shards), args.out, key, sources.get("mixture"), reads, sums)
