@@ -256,9 +256,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--sources", help="sources.json (its key goes into the fingerprint)")
     p.add_argument("--out", required=True, help="manifest.json to write (beside the shards)")
     args = p.parse_args(argv)
-    sources = json.loads(Path(args.sources).read_text()) if args.sources else {}
-    jobs = job_reads([Path(p) for p in args.shards if Path(p).is_dir()]) if args.sources else []
-    reads = source_reads(jobs, sources["sources"]) if args.sources else None
-    sums = source_checksums(jobs, sources["sources"]) if args.sources else None
-    key = sources["key"] if args.sources else None
-    build_manifest(shard_files(args.shards), args.out, key, sources.get("mixture"), reads, sums)
+    key = mix = reads = sums = None
+    if args.sources:
+        sources = json.loads(Path(args.sources).read_text())
+        jobs = job_reads([Path(p) for p in args.shards if Path(p).is_dir()])
+        reads, sums = source_reads(jobs, sources["sources"]), source_checksums(jobs, sources["sources"])
+        key, mix = sources["key"], sources.get("mixture")
+    build_manifest(shard_files(args.shards), args.out, key, mix, reads, sums)
