@@ -7,12 +7,14 @@
 #   bash benchmarks/gpu_lease.sh torch      # torch backend: minimal loop, DDP, masking at 4096 and 8192, FSDP2
 #   bash benchmarks/gpu_lease.sh colossal   # ColossalAI Gemini: 7B on one GPU, then the 1.1B
 #   BUDGET=540 bash benchmarks/gpu_lease.sh short   # the torch cases by priority, then Gemini 1.1B, in BUDGET seconds
+#   BUDGET=480 bash benchmarks/gpu_lease.sh loss    # the compiled loss against its eager form, and the minimal loop,
+#                                                   # at 4096 micro 4, in two rounds of opposite order (no ColossalAI)
 #
 # Results (JSON, one file per group, rewritten after each case) and logs go to $OUT (default ./gpu-out).
 # The torch phase also starts ColossalAI's kernel build (HybridAdam's CPU and CUDA kernels, 155 s on the H100 machine) in the
 # background, in a process session of its own, so the colossal phase finds it done on the same machine.
 set -uo pipefail
-phase=${1:?torch or colossal}
+phase=${1:?loss, short, torch or colossal}
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-4}
@@ -61,6 +63,11 @@ t() { # group name, then the torch benchmark's arguments; skipped when under a m
 }
 
 case $phase in
+loss)
+    t l4096a --modes ddp,minimal --compile on --masking off --loss auto,eager --seq 4096 --micro 4 --steps 20
+    t l4096b --modes minimal,ddp --compile on --masking off --loss eager,auto --seq 4096 --micro 4 --steps 20
+    echo "== done $(date +%T)"
+    ;;
 torch)
     (colossal_site && start_colossal_build) &
     # preflight: the trainer's pieces import and one tiny step runs on the GPU (seconds; fails fast)

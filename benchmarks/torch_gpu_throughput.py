@@ -3,7 +3,8 @@
 loop (the same model, the same AdamW and bf16 autocast, nothing else of llmpipe's) as the reference.
 
   python benchmarks/torch_gpu_throughput.py [--gpus 8] [--modes ddp,fsdp2,minimal] [--compile off,on] \\
-      [--masking off,on] [--shape 1b] [--seq 4096] [--micro 1] [--steps 10] [--adamw auto] [--out throughput.json]
+      [--masking off,on] [--shape 1b] [--seq 4096] [--micro 1] [--steps 10] [--adamw auto] [--loss auto,eager] \\
+      [--out throughput.json]
   python benchmarks/torch_gpu_throughput.py --cpu-smoke   # a seconds-long check of the script on CPU (gloo)
 
 Without a CUDA GPU (and without --cpu-smoke) it says so and exits 0. Each case is its own `torchrun
@@ -16,6 +17,9 @@ Global batch = micro x GPUs (no accumulation); warmup steps (compile included) a
   fsdp2     the same under fully_shard (parallel.zero 3): bf16 params, fp32 gradient reduction
   minimal   model(ids) -> loss -> backward -> AdamW step, bf16 autocast, DDP: the floor of overhead
 
+--loss eager keeps the loss's fp32 chunks eager under --compile on (the trainer compiles them): that
+kernel's gain, measured beside the trainer's form in the same run.
+
 MFU = tokens/s/GPU x FLOPs per token (llmpipe.plan: 6 N_matmul + 12 L d s) / peak dense BF16 of the
 GPU (--peak-tflops, else by name from llmpipe/devices.py). Figures: docs/benchmarks.md; one lent-GPU
 session's run of all cases: benchmarks/gpu_lease.sh.
@@ -24,6 +28,7 @@ session's run of all cases: benchmarks/gpu_lease.sh.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import sys
 from pathlib import Path
@@ -107,7 +112,8 @@ def run_case(case: dict) -> dict:
                 loss = net(input_ids=batch["input_ids"], labels=batch["input_ids"], use_cache=False).loss
             else:
                 inputs = model_inputs(batch, device, case["masking"], attn)
-                loss, n = lm_loss_sum(net, labels=batch["input_ids"], compiled=case["compile"], **inputs)
+                compiled = case["compile"] and case["loss"] == "auto"  # auto: the trainer's form
+                loss, n = lm_loss_sum(net, labels=batch["input_ids"], compiled=compiled, **inputs)
                 loss = loss / n
         loss.backward()
         if mode != "minimal":
@@ -134,8 +140,10 @@ def cases(args) -> list[dict]:
     out = []
     for mode in args.modes.split(","):
         for comp in args.compile.split(","):
-            for mask in args.masking.split(","):
-                if mode == "minimal" and mask == "on":  # the reference loop has no document masking
+            for mask, loss in itertools.product(args.masking.split(","), args.loss.split(",")):
+                if mode == "minimal" and (mask == "on" or loss != "auto"):  # the reference: no masking, HF's loss
+                    continue
+                if loss == "eager" and comp == "off":  # without compile the loss is eager already
                     continue
                 out.append(
                     {
@@ -149,6 +157,7 @@ def cases(args) -> list[dict]:
                         "warmup": args.warmup,
                         "doc_len": args.doc_len,
                         "adamw": args.adamw,
+                        "loss": loss,
                     }
                 )
     return out
@@ -163,6 +172,11 @@ def main() -> None:
     p.add_argument("--masking", default="off,on", help="document masking: off, on or both")
     p.add_argument("--doc-len", type=int, default=1024, help="mean document length with masking on")
     p.add_argument("--adamw", default="auto", choices=sorted(ADAMW), help="AdamW kernel (auto: llmpipe's, fused on CUDA)")
+    p.add_argument(
+        "--loss",
+        default="auto",
+        help="the loss's fp32 chunks: auto (the trainer's: compiled under --compile on), eager, or both (auto,eager)",
+    )
     p.add_argument("--cpu-smoke", action="store_true", help="check the script on CPU: tiny shape, 2 gloo processes")
     args = p.parse_args()
     if in_torchrun(args, run_case):
@@ -181,7 +195,8 @@ def main() -> None:
     named = [
         (
             f"{c['shape']:>4} {c['mode']:<8} seq {c['seq']} micro {c['micro']} compile {'on ' if c['compile'] else 'off'} "
-            f"masking {'on ' if c['masking'] else 'off'}{'' if c['adamw'] == 'auto' else ' adamw ' + c['adamw']}",
+            f"masking {'on ' if c['masking'] else 'off'}{'' if c['adamw'] == 'auto' else ' adamw ' + c['adamw']}"
+            f"{' loss eager' if c['loss'] == 'eager' and c['compile'] else ''}",
             c,
         )
         for c in cases(args)
