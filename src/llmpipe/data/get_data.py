@@ -117,10 +117,17 @@ def get_data(data_cfg: dict, out: str | Path, threads: int = 1) -> dict:
     return manifest
 
 
-def load_sources(path: str | Path) -> list[str]:
+def read_sources(path: str | Path) -> tuple[list, dict]:
+    """(the sources' names, as load_sources gives them; the whole sources.json): one parse for a job that
+    needs its key, mixture or entries too."""
+    manifest = json.loads(Path(path).read_text())
+    names = [split_source(e["source"], e["ranges"], e["size"]) if "ranges" in e else e["source"] for e in manifest["sources"]]
+    return names, manifest
+
+
+def load_sources(path: str | Path) -> list:
     """The sources' names; one split into byte ranges comes as a sources.Source carrying them (see assign)."""
-    entries = json.loads(Path(path).read_text())["sources"]
-    return [split_source(e["source"], e["ranges"], e["size"]) if "ranges" in e else e["source"] for e in entries]
+    return read_sources(path)[0]
 
 
 def sources_key(path: str | Path) -> str:

@@ -18,9 +18,7 @@ per-group token counts (`by_source`, `by_group`), read back from the stored docu
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
-from pathlib import Path
 
 from llmpipe.data.sources import RECORD_BITS, paths  # noqa: F401 (paths: mixture.paths for callers)
 
@@ -117,10 +115,6 @@ def _count(data_cfg: dict, source_index: int, source: str) -> tuple:
         sizes.append(stats.bytes - counted)
         counted = stats.bytes
     return np.array(hashes, dtype=np.float64), np.array(sizes, dtype=np.int64), stats.documents, stats.bytes
-
-
-def load(sources_json: str | Path) -> dict | None:
-    return json.loads(Path(sources_json).read_text()).get("mixture")
 
 
 def _hash(seed: int, source_index: int, record_index: int) -> float:

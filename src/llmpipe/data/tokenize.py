@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from llmpipe import config as cfgmod
-from llmpipe.data import mixture, stfile
+from llmpipe.data import stfile
 from llmpipe.data.long_docs import EncodeError
 from llmpipe.data.readers import BadRecord, SourceChanged
 from llmpipe.data.readers.opener import SourceSizeChanged
@@ -121,7 +121,7 @@ def tokenize_job(
     job writes, so the store never depends on how shards were grouped into jobs. `per_job`: the DAG's
     grouping (shards_per_job with the source count it saw). Beside the shards: read.json, the bytes
     read from each source (readers.SOURCE_BYTES)."""
-    from llmpipe.data.get_data import load_sources, sources_key
+    from llmpipe.data.get_data import read_sources
     from llmpipe.data.readers import SOURCE_BYTES, SOURCE_HASHES
 
     d = cfg["data"]
@@ -134,9 +134,9 @@ def tokenize_job(
     start = time.time()
     SOURCE_BYTES.clear()
     SOURCE_HASHES.clear()
-    sources = load_sources(sources_json)
-    write(cfg, sources, outs, tokenizer_dir, threads, sources_key(sources_json), mixture.load(sources_json))
-    sums = source_checksums(d, sources, json.loads(Path(sources_json).read_text())["sources"], shards)
+    sources, manifest = read_sources(sources_json)
+    write(cfg, sources, outs, tokenizer_dir, threads, manifest["key"], manifest.get("mixture"))
+    sums = source_checksums(d, sources, manifest["sources"], shards)
     with atomic_path(out_dir / READ_FILE) as tmp:
         tmp.write_text(json.dumps({"bytes_read": dict(SOURCE_BYTES), "sha256": sums}, indent=1))
     log.info(
@@ -193,11 +193,11 @@ def main(argv: list[str] | None = None) -> None:
         if args.job is not None:
             tokenize_job(cfg, args.sources, args.job, args.tokenizer, args.out, args.threads, args.shards_per_job)
         else:
-            from llmpipe.data.get_data import load_sources, sources_key
+            from llmpipe.data.get_data import read_sources
 
-            src = args.sources
+            sources, manifest = read_sources(args.sources)
             tokenize_shard(
-                cfg, load_sources(src), args.shard, args.tokenizer, args.out, args.threads, sources_key(src), mixture.load(src)
+                cfg, sources, args.shard, args.tokenizer, args.out, args.threads, manifest["key"], manifest.get("mixture")
             )
     except (
         BadRecord,

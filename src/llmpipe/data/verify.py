@@ -30,8 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from llmpipe.data import mixture
-from llmpipe.data.get_data import load_sources
+from llmpipe.data.get_data import read_sources
 from llmpipe.data.pack import IGNORE_INDEX, Layout, order
 from llmpipe.data.token_store import SPLITS, TokenStore
 from llmpipe.data.verify_store import (
@@ -352,11 +351,11 @@ def verify(
     manifest: str | Path, views: list[Path], tokenizer_dir: Path, sources_json: Path, data_cfg: dict, out: Path, sample: int = 64
 ) -> dict:
     store = TokenStore(manifest)
-    sources = load_sources(sources_json)  # with the byte ranges of split sources
-    mix = mixture.load(sources_json)
+    sources, listed = read_sources(sources_json)  # names with the byte ranges of split sources
+    mix = listed.get("mixture")
     result = {
         "tokenizer": store.manifest["tokenizer"],
-        "sources": json.loads(Path(sources_json).read_text()),
+        "sources": listed,
         "documents": {s: store.manifest["totals"][s]["documents"] for s in SPLITS},
         "tokens": {s: store.manifest["totals"][s]["tokens"] for s in SPLITS},
         "read": store.manifest["read"],
