@@ -196,7 +196,7 @@ def main() -> None:
         (
             f"{c['shape']:>4} {c['mode']:<8} seq {c['seq']} micro {c['micro']} compile {'on ' if c['compile'] else 'off'} "
             f"masking {'on ' if c['masking'] else 'off'}{'' if c['adamw'] == 'auto' else ' adamw ' + c['adamw']}"
-            f"{' loss eager' if c['loss'] == 'eager' and c['compile'] else ''}",
+            f"{' loss eager' if c['loss'] == 'eager' else ''}",
             c,
         )
         for c in cases(args)

@@ -14,7 +14,7 @@ import pytest
 import zstandard
 
 from llmpipe.data import stfile
-from llmpipe.data.get_data import get_data, load_sources, sources_key
+from llmpipe.data.get_data import get_data, read_sources
 from llmpipe.data.readers import limits
 from llmpipe.data.readers.opener import SourceSizeChanged
 from llmpipe.data.token_store import main as token_store_main
@@ -74,8 +74,9 @@ def test_one_job_reads_each_byte_once_and_writes_the_shards_of_one_shard_jobs(tm
     cfg, source = _setup(tmp_path, kind, text_mode=mode)
     sources = str(tmp_path / "sources.json")
     alone = tmp_path / "alone"
+    names, listed = read_sources(sources)
     for s in range(SHARDS):
-        tokenize_shard(cfg, load_sources(sources), s, tok, alone / shard_name(s), sources_key=sources_key(sources))
+        tokenize_shard(cfg, names, s, tok, alone / shard_name(s), sources_key=listed["key"])
     for threads in (1, 2):
         job = tmp_path / f"job-t{threads}"
         tokenize_job(cfg, sources, 0, tok, job, threads, per_job=SHARDS)

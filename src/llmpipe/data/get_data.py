@@ -130,10 +130,6 @@ def load_sources(path: str | Path) -> list:
     return read_sources(path)[0]
 
 
-def sources_key(path: str | Path) -> str:
-    return json.loads(Path(path).read_text())["key"]
-
-
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="llmpipe get-data", description=__doc__)
     p.add_argument("--config", required=True, help="config YAML/JSON file or inline JSON")
