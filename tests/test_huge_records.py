@@ -117,6 +117,13 @@ def test_bom_and_blank_lines_before_a_streamed_record(tmp_path, monkeypatch):
     assert json.loads(normal[1]["read"])["documents"] == 3
 
 
+def test_streamed_record_with_a_number_beyond_a_double(tmp_path, monkeypatch):
+    data = b'{"score": 1e999, "text": ' + json.dumps(text_of(7, 100_000)).encode() + b"}\n" + line({"text": "small"})
+    normal = run(tmp_path, "normal", data, monkeypatch, False)
+    assert run(tmp_path, "streamed", data, monkeypatch, True) == normal
+    assert json.loads(normal[1]["read"])["documents"] == 2
+
+
 BIG = text_of(9, 100_000)
 BAD = {
     "missing_field": line({"body": BIG}),

@@ -96,6 +96,22 @@ def test_bad_records_skipped_with_exact_counts_and_order_kept(tmp_path):
     assert stats.examples["bad_json"][0].startswith(f"{tmp_path / 'bad.jsonl'}:3: not valid JSON")
 
 
+def test_numbers_beyond_a_double_are_json_and_nan_is_not(tmp_path):
+    """1e999 is valid JSON (orjson refuses it; the record is kept); NaN is not, nor a lone surrogate after one."""
+    (tmp_path / "num.jsonl").write_bytes(
+        b'{"text": "one", "score": 1e999}\n'
+        b'{"meta": {"x": [-1E400, 2]}, "text": "two"}\n'
+        b'{"text": "not this", "score": NaN}\n'
+        b'{"score": 1e999, "text": "nor \\ud800 this"}\n'
+        b'{"text": "three"}\n'
+    )
+    stats = ReadStats()
+    out = list(iter_documents(data_cfg([tmp_path / "num.jsonl"], on_bad_record="skip"), stats))
+    assert out == ["one", "two", "three"]
+    assert dict(stats.skipped) == {"bad_json": 2}
+    assert [e.split(": ")[0].rsplit(":", 1)[1] for e in stats.examples["bad_json"]] == ["3", "4"]
+
+
 @pytest.mark.parametrize("kind", ["parquet", "hf"])
 def test_parquet_text_that_is_not_utf8_is_a_bad_record(tmp_path, kind):
     """Arrow does not check a string column's UTF-8 on read: a value that is not UTF-8 is a bad record named by

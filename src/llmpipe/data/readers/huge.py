@@ -315,7 +315,7 @@ class _JsonScan:
         if self.error is not None:
             return BadRecord("bad_json", where, f"not valid JSON ({self.error})")
         try:
-            record = orjson.loads("".join(self.skel))
+            record = loads_json("".join(self.skel))
         except orjson.JSONDecodeError as exc:
             return BadRecord("bad_json", where, f"not valid JSON ({exc.msg})")
         if not isinstance(record, dict) or self.field not in record:
@@ -324,6 +324,27 @@ class _JsonScan:
         if isinstance(value, str) and value in self.spools:
             return self.spools[value].text()
         return value
+
+
+def _not_json(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+def loads_json(raw: bytes | str) -> object:
+    """orjson.loads, and for a number beyond a double's range (1e999: valid JSON, which orjson refuses)
+    Python's json (it reads +-inf); NaN / Infinity literals and lone surrogates stay refused with orjson's
+    message. Python's json runs only after orjson has refused the record."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        if "infinity" not in exc.msg:  # orjson: "number is infinity when parsed as double"
+            raise
+        try:
+            record = json.loads(raw, parse_constant=_not_json)
+            orjson.dumps(record)  # refuses a str with a lone surrogate, as orjson.loads does
+        except (ValueError, TypeError, RecursionError, orjson.JSONEncodeError):
+            raise exc from None
+        return record
 
 
 def _closing_quote(buf: str, pos: int) -> int:

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import orjson
 
 from llmpipe.data.readers import limits, opener
-from llmpipe.data.readers.huge import WHITESPACE, HugeLine, _huge_json, _lines
+from llmpipe.data.readers.huge import WHITESPACE, HugeLine, _huge_json, _lines, loads_json
 from llmpipe.data.readers.opener import BOM, _compression
 from llmpipe.data.readers.stats import BadRecord, broken, is_read_error
 
@@ -225,7 +225,7 @@ def _jsonl(url: str, text_field: str, keep=None, stride=None, part=None, tally=N
                     yield where, _huge_json(raw, text_field, where)
                     continue
                 try:
-                    record = orjson.loads(raw)  # validates UTF-8 too
+                    record = loads_json(raw)  # validates UTF-8 too
                 except orjson.JSONDecodeError as exc:
                     try:
                         raw.decode("utf-8")
