@@ -94,13 +94,15 @@ def overlay(workdir: Path, name: str, data: dict) -> str:
 
 @pytest.fixture(scope="module")
 def pipeline(slurm, tmp_path_factory):
-    """The embedded default through profiles/slurm-local (every job via sbatch), run once."""
+    """The embedded default through profiles/slurm-local (every job via sbatch), run once; 20 training
+    steps, not 120 (the whole default trains in tests/test_workflow.py; here every rule's job counts)."""
     work = tmp_path_factory.mktemp("slurm") / "repo"
     shutil.copytree(REPO, work, ignore=SKIP)
-    plan = snakemake(work, "-n", timeout=120)
+    short = overlay(work, "short", {"train": {"max_steps": 20, "save_interval": 10, "eval_interval": 10}})
+    plan = snakemake(work, "-n", "--configfile", short, timeout=120)
     assert plan.returncode == 0, plan.stderr[-3000:]
     started = time.perf_counter()
-    proc = snakemake(work, timeout=900)
+    proc = snakemake(work, "--configfile", short, timeout=900)
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
     run = work / "results" / "default"
     return {
