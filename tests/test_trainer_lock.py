@@ -79,6 +79,7 @@ def trainers(root) -> list[psutil.Process]:
 @pytest.mark.slow
 def test_kill_9_of_snakemake_stops_its_trainer_and_the_rerun_resumes_exactly(tmp_path):
     work = tmp_path / "repo"
+    steps_total = 400  # the kill comes after 40 steps
     shutil.copytree(REPO, work, ignore=REPO_IGNORE, symlinks=True)
     write_jsonl(work / "corpus.jsonl", corpus_docs(80))
     cfg = {
@@ -89,10 +90,10 @@ def test_kill_9_of_snakemake_stops_its_trainer_and_the_rerun_resumes_exactly(tmp
             "seq_len": 64,
             "global_batch_size": 8,
             "micro_batch_size": 4,
-            "max_steps": 400,
+            "max_steps": steps_total,
             "warmup_steps": 5,
             "save_interval": 20,
-            "eval_interval": 400,
+            "eval_interval": steps_total,
             "log_interval": 1,
             "threads": 1,
         },
@@ -130,7 +131,7 @@ def test_kill_9_of_snakemake_stops_its_trainer_and_the_rerun_resumes_exactly(tmp
         time.sleep(0.5)
     assert not trainers(work), "the trainer outlived its snakemake"
     steps_before = [json.loads(line)["step"] for line in metrics.read_text().splitlines() if '"loss"' in line]
-    assert steps_before and max(steps_before) < 400
+    assert steps_before and max(steps_before) < steps_total
 
     assert (
         subprocess.run(
@@ -144,6 +145,6 @@ def test_kill_9_of_snakemake_stops_its_trainer_and_the_rerun_resumes_exactly(tmp
     out, _ = again.communicate(timeout=600)
     assert again.returncode == 0, out[-3000:]
     steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines() if '"loss"' in line]
-    assert steps == sorted(set(steps)) and steps[-1] == 400, "a step logged twice or missing"
+    assert steps == sorted(set(steps)) and steps[-1] == steps_total, "a step logged twice or missing"
     final = {run: (work / f"results/{run}/checkpoints/torch/final/model.safetensors").read_bytes() for run in ("whole", "killed")}
     assert final["whole"] == final["killed"]

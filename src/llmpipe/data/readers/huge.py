@@ -342,7 +342,7 @@ def loads_json(raw: bytes | str) -> object:
         try:
             record = json.loads(raw, parse_constant=_not_json)
             orjson.dumps(record)  # refuses a str with a lone surrogate, as orjson.loads does
-        except (ValueError, TypeError, RecursionError, orjson.JSONEncodeError):
+        except (ValueError, TypeError, RecursionError):  # orjson.JSONEncodeError is a TypeError
             raise exc from None
         return record
 
