@@ -43,6 +43,9 @@ def test_bad_enum_and_range():
         cfgmod.load({"data": {"remainder": "keep"}})
     with pytest.raises(cfgmod.ConfigError, match="data.val_fraction"):
         cfgmod.load({"data": {"val_fraction": 1.5}})
+    for section, key in (("data", "shuffle_seed"), ("data", "split_seed"), ("train", "seed")):  # numpy's generators refuse < 0
+        with pytest.raises(cfgmod.ConfigError, match=rf"{section}\.{key}"):
+            cfgmod.load({section: {key: -1}})
 
 
 def test_min_lr_above_lr_rejected():

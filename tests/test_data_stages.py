@@ -113,6 +113,21 @@ def test_store_refuses_shards_made_with_other_data_settings(tmp_path, prepared):
         build_manifest([a, b], tmp_path / "manifest.json")
 
 
+def test_store_refuses_missing_or_repeated_shards(tmp_path, prepared):
+    """A tokenize job killed part way leaves some shards: the store names the missing ones, not a smaller store."""
+    a, b = tmp_path / "shard-00000.safetensors", tmp_path / "shard-00001.safetensors"
+    for i, path in enumerate((a, b)):
+        tokenize_shard(prepared["cfg"], prepared["sources"], i, prepared["tokenizer"], path)
+    with pytest.raises(ValueError, match=r"1 shards given for 2, shards 1 missing"):
+        build_manifest([a], tmp_path / "manifest.json")
+    with pytest.raises(ValueError, match=r"shards 0 missing"):
+        build_manifest([b], tmp_path / "manifest.json")
+    with pytest.raises(ValueError, match=r"out of order or repeated \(1, 0\)"):
+        build_manifest([b, a], tmp_path / "manifest.json")
+    assert not (tmp_path / "manifest.json").exists()
+    assert build_manifest([a, b], tmp_path / "manifest.json")["totals"] == json.loads(prepared["manifest"].read_text())["totals"]
+
+
 def test_skipped_records_are_counted_through_the_store(tmp_path):
     good = corpus_docs(12)
     lines = [json.dumps({"text": t}) for t in good[:6]] + ["{broken", json.dumps({"body": "x"}), json.dumps({"text": ""})]

@@ -140,6 +140,8 @@ BAD = {
     "too_long": line({"text": BIG + BIG}),
     "empty": line({"text": " \n\t" * 40_000}),
     "array": line([BIG]),
+    # the last of two text keys wins, a NUL in it; it must not pass for the streamed one (our placeholder's look)
+    "streamed_then_placeholder_like": b'{"text": ' + json.dumps(BIG).encode() + b', "text": "\\u0000llmpipe-huge-0"}\n',
 }
 
 

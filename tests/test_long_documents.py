@@ -15,7 +15,7 @@ from llmpipe.data import long_docs
 from llmpipe.data.encoders import HFEncoder, TiktokenEncoder
 from llmpipe.data.long_docs import EncodeError
 from llmpipe.data.tokenize import tokenize_shard
-from tests.conftest import GPT2, SHARED_DATA, corpus_docs, tiny_config, write_jsonl
+from tests.conftest import GPT2, SHARED_DATA, corpus_docs, prepare, tiny_config, write_jsonl
 
 LLAMA3 = SHARED_DATA / "tokenizers" / "llama3"
 PIECE = 4096  # small pieces: fast, and many cuts
@@ -196,6 +196,22 @@ def test_tokenize_shard_skips_under_the_policy(tmp_path, monkeypatch):
     monkeypatch.setattr(long_docs, "MAX_PRETOKEN_CHARS", 2 * PIECE)
     counts = tokenize_shard(cfg, sources, 0, GPT2, tmp_path / "shard.safetensors")
     assert counts["train"]["documents"] + counts["val"]["documents"] == 2
+
+
+def test_verify_passes_a_store_that_skipped_a_long_document(tmp_path, monkeypatch):
+    """verify re-tokenizes a sample with the same policy: the dropped document is not looked for in the store
+    (it raised KeyError when it was among a shard's first verify_sample documents)."""
+    from llmpipe.data.verify import verify
+
+    docs = corpus_docs(3) + ["b" * (8 * PIECE)] + corpus_docs(6)[3:]
+    write_jsonl(tmp_path / "corpus.jsonl", docs)
+    cfg = tiny_config(tmp_path, tokenizer={"source": str(GPT2)}, data={"num_shards": 1, "long_pretoken": "skip"})
+    monkeypatch.setattr(long_docs, "LONG_DOC_CHARS", PIECE)
+    monkeypatch.setattr(long_docs, "PIECE_CHARS", PIECE)
+    monkeypatch.setattr(long_docs, "MAX_PRETOKEN_CHARS", 2 * PIECE)
+    out = prepare(tmp_path, cfg)
+    got = verify(out["manifest"], [out["view"]], out["tokenizer"], tmp_path / "sources.json", cfg["data"], tmp_path / "v.json")
+    assert got["tokenization"] == {"documents_retokenized": len(docs) - 1}
 
 
 @pytest.mark.parametrize("long", [False, True])

@@ -15,7 +15,7 @@ import zstandard
 
 from llmpipe.data import stfile
 from llmpipe.data.get_data import get_data, read_sources
-from llmpipe.data.readers import limits
+from llmpipe.data.readers import limits, opener
 from llmpipe.data.readers.opener import SourceSizeChanged
 from llmpipe.data.token_store import main as token_store_main
 from llmpipe.data.tokenize import job_shards, num_jobs, shard_name, tokenize_job, tokenize_shard
@@ -43,9 +43,12 @@ def _write(kind: str, folder) -> str:
     elif kind == "parquet":
         path = folder / "corpus.parquet"
         pq.write_table(pa.table({"text": DOCS}), path, row_group_size=16)
-    else:  # another column beside the text, in every row group: read through, not skipped
+    elif kind == "parquet_columns":  # another column beside the text, in every row group: read through, not skipped
         path = folder / "corpus.parquet"
         pq.write_table(pa.table({"id": list(range(len(DOCS))), "text": DOCS}), path, row_group_size=16)
+    else:  # the text column first: the last row group's other column is read on to the footer (not read again)
+        path = folder / "corpus.parquet"
+        pq.write_table(pa.table({"text": DOCS, "id": list(range(len(DOCS)))}), path, row_group_size=16)
     return str(path)
 
 
@@ -64,9 +67,15 @@ def _setup(tmp_path, kind: str, per_job=None, text_mode="paragraph"):
     return cfg, source
 
 
-@pytest.mark.parametrize("kind", ["gz", "zst", "jsonl", "txt", "txt_streamed", "txt_file_streamed", "parquet", "parquet_columns"])
+KINDS = ["gz", "zst", "jsonl", "txt", "txt_streamed", "txt_file_streamed", "parquet", "parquet_columns", "parquet_text_first"]
+
+
+@pytest.mark.parametrize("kind", KINDS + ["parquet_big_footer"])
 def test_one_job_reads_each_byte_once_and_writes_the_shards_of_one_shard_jobs(tmp_path, tok, kind, monkeypatch):
     mode = "file" if kind == "txt_file_streamed" else "paragraph"
+    if kind == "parquet_big_footer":  # a footer longer than a short run's kept bytes: kept all the same
+        monkeypatch.setattr(opener._Hashes, "KEEP", 256)
+        kind = "parquet_text_first"
     if kind.endswith("_streamed"):  # a file over HUGE_RECORD_BYTES: read in chunks (paragraphs as found; or the
         monkeypatch.setattr(limits, "HUGE_RECORD_BYTES", 4096)  # whole file, one document, spooled as read)
         monkeypatch.setattr(limits, "HUGE_CHUNK", 1000)
@@ -124,6 +133,11 @@ def test_manifest_counts_reads_and_names_a_grouping_that_reads_twice(tmp_path, t
     got["sha256"][0][3] = "0" * 64
     read.write_text(json.dumps(got))
     with pytest.raises(ValueError, match="changed while it was tokenized"):
+        token_store_main(["--shards", *map(str, jobs), "--sources", sources, "--out", str(out)])
+
+    # a job killed after its shards, before its read.json (written last): named, not a store without its reads
+    read.unlink()
+    with pytest.raises(ValueError, match=rf"tokenize job folder {jobs[1]} has no read.json"):
         token_store_main(["--shards", *map(str, jobs), "--sources", sources, "--out", str(out)])
 
 

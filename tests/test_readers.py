@@ -104,10 +104,11 @@ def test_numbers_beyond_a_double_are_json_and_nan_is_not(tmp_path):
         b'{"text": "not this", "score": NaN}\n'
         b'{"score": 1e999, "text": "nor \\ud800 this"}\n'
         b'{"text": "three"}\n'
+        b'{"text": "four", "score": 1e999, "id": 18446744073709551616, "n": 1' + b"0" * 400 + b"}\n"
     )
     stats = ReadStats()
     out = list(iter_documents(data_cfg([tmp_path / "num.jsonl"], on_bad_record="skip"), stats))
-    assert out == ["one", "two", "three"]
+    assert out == ["one", "two", "three", "four"]  # four: integers beyond 64 bits beside it (Python's json reads them)
     assert dict(stats.skipped) == {"bad_json": 2}
     assert [e.split(": ")[0].rsplit(":", 1)[1] for e in stats.examples["bad_json"]] == ["3", "4"]
 

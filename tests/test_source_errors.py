@@ -1,8 +1,10 @@
 """Unreadable sources (G4): each stops the run in one line naming the file (on_bad_record: fail) or is
 counted once in the read stats with one log line naming it (skip); never a bare traceback, never silent."""
 
+import bz2
 import gzip
 import json
+import lzma
 import os
 import subprocess
 import sys
@@ -71,6 +73,22 @@ def test_truncated_gz_skip_keeps_records_before_the_break(truncated_gz, docs, ca
     assert d["sources_skipped"] == {"damaged_source": 1} and d["sources_skipped_total"] == 1
     assert d["skipped_total"] == 0 and d["documents"] == len(out)
     assert [r.getMessage() for r in caplog.records if str(truncated_gz) in r.getMessage()] != []
+
+
+@pytest.mark.parametrize("suffix", ["xz", "bz2"])
+def test_truncated_xz_bz2_skip_keeps_records_before_the_break(tmp_path, docs, suffix):
+    """As for .gz: LZMAFile / BZ2File drop a whole read's bytes when part of it fails (up to 1 MiB of records)."""
+    module = {"xz": lzma, "bz2": bz2}[suffix]
+    whole = module.compress(jsonl_bytes(docs))
+    path = tmp_path / f"cut.jsonl.{suffix}"
+    path.write_bytes(whole[: len(whole) * 2 // 3])
+    before = (lzma.LZMADecompressor() if suffix == "xz" else bz2.BZ2Decompressor()).decompress(path.read_bytes())
+    stats = ReadStats()
+    out = read(path, "skip", stats)
+    assert 0 < len(out) < len(docs) and out == docs[: before[: before.rfind(b"\n") + 1].count(b"\n")]
+    assert skipped_sources(stats) == {"damaged_source": [str(path)]}
+    with pytest.raises(BadSource, match=rf"^{path}: unreadable after line {len(out)}, {len(out)} records \(EOFError"):
+        read(path, "fail")
 
 
 def test_truncated_zst_is_not_silent(tmp_path, docs):

@@ -49,6 +49,7 @@ def build_manifest(
     by_source: dict = {}
     digest = hashlib.sha256((sources_key or "").encode())
     root = out.parent.resolve()
+    places = []  # (shard index, shard count) from each shard's metadata
     for path in shards:
         if not path.resolve().is_relative_to(root):
             raise ValueError(f"token shard {path} is not inside the store folder {out.parent}")
@@ -63,6 +64,8 @@ def build_manifest(
                 f"token shard {path} was made with a different tokenizer or data setup ({tok} vs {tokenizer}): "
                 "retokenize every shard"
             )
+        if "shard" in meta:
+            places.append(tuple(int(x) for x in meta["shard"].split("/")))
         counts = json.loads(meta["counts"])
         for split in SPLITS:
             for k in ("documents", "tokens"):
@@ -77,6 +80,7 @@ def build_manifest(
             }
         )
         digest.update(fingerprint_part(entries[-1]))
+    _check_complete(places, out)
     manifest = {
         "format": FORMAT,
         "tokenizer": {
@@ -177,6 +181,31 @@ class TokenStore:
         return s.read(0, s.size)
 
 
+def _check_complete(places: list[tuple[int, int]], out: Path) -> None:
+    """The shards given are shards 0..n-1 of n, in order: a tokenize job killed part way leaves some of its
+    shards, which would otherwise make a smaller store that looks complete."""
+    if not places:  # shards written before their metadata named their place
+        return
+    n = places[0][1]
+    got = [i for i, _ in places]
+    if got != list(range(n)):
+        missing = sorted(set(range(n)) - set(got))
+        what = f"shards {_ranges(missing)} missing" if missing else f"shards out of order or repeated ({_ranges(got)})"
+        raise ValueError(f"token store {out}: {len(got)} shards given for {n}, {what}: run their tokenize jobs again")
+
+
+def _ranges(nums: list[int]) -> str:
+    """1, 2, 3, 7 -> '1-3, 7' (the first 10 runs)."""
+    runs: list[list[int]] = []
+    for x in nums:
+        if runs and x == runs[-1][1] + 1:
+            runs[-1][1] = x
+        else:
+            runs.append([x, x])
+    text = ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in runs[:10])
+    return text + (", ..." if len(runs) > 10 else "")
+
+
 def shard_files(paths: list[str]) -> list[Path]:
     """Shard files in store order: a folder (one tokenize job's output) stands for its shards, sorted."""
     out = []
@@ -198,7 +227,10 @@ def job_reads(job_dirs: list[Path]) -> list[tuple[dict, Path]]:
     """Each tokenize job folder's read.json (what it read and hashed), parsed once, with the folder."""
     from llmpipe.data.tokenize import READ_FILE
 
-    return [(json.loads((d / READ_FILE).read_text()), d) for d in job_dirs if (d / READ_FILE).is_file()]
+    missing = [str(d) for d in job_dirs if not (d / READ_FILE).is_file()]
+    if missing:  # written last, atomically: the job did not finish
+        raise ValueError(f"tokenize job folder {missing[0]} has no {READ_FILE} (the job did not finish): run it again")
+    return [(json.loads((d / READ_FILE).read_text()), d) for d in job_dirs]
 
 
 def source_reads(jobs: list[tuple[dict, Path]], entries: list[dict]) -> dict | None:

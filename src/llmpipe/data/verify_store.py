@@ -216,7 +216,8 @@ def check_store(store: TokenStore, locate=None) -> dict:
 
 
 def _retokenized(store: TokenStore, tokenizer, data_cfg: dict, sources: list[str], shard: int, mix, limit: int | None):
-    """(document id, expected ids) of shard `shard`'s documents in reading order, up to `limit`, in batches."""
+    """(document id, expected ids) of shard `shard`'s documents in reading order, up to `limit`, in batches;
+    a document the encoder drops (data.long_pretoken: skip, as tokenize drops it) is left out."""
     bos = store.manifest["tokenizer"]["bos_id"]
     plan = assign(sources, data_cfg["num_shards"], shard)
     batch, seen = [], 0
@@ -225,6 +226,7 @@ def _retokenized(store: TokenStore, tokenizer, data_cfg: dict, sources: list[str
         out = [
             (did, ([bos] if bos >= 0 else []) + ids + [store.eos_id])
             for (did, _), ids in zip(batch, tokenizer([t for _, t in batch]))
+            if ids is not None
         ]
         batch.clear()
         return out
@@ -244,10 +246,10 @@ def _retokenized(store: TokenStore, tokenizer, data_cfg: dict, sources: list[str
         yield from flush()
 
 
-def _encoder(tokenizer_dir: Path):
+def _encoder(tokenizer_dir: Path, data_cfg: dict):
     from llmpipe.data.encoders import HFEncoder
 
-    return HFEncoder(tokenizer_dir, 1).encode_batch
+    return HFEncoder(tokenizer_dir, 1, long_pretoken=data_cfg.get("long_pretoken", "split")).encode_batch
 
 
 def locate_store_change(store, tokenizer_dir, data_cfg, sources, mix, shard: int, split: str, path: Path):
@@ -256,7 +258,7 @@ def locate_store_change(store, tokenizer_dir, data_cfg, sources, mix, shard: int
     try:
         offsets, ids = s.tensor(f"{split}.offsets"), s.tensor(f"{split}.doc_ids")
         index = {int(d): i for i, d in enumerate(ids)}
-        for did, want in _retokenized(store, _encoder(tokenizer_dir), data_cfg, sources, shard, mix, None):
+        for did, want in _retokenized(store, _encoder(tokenizer_dir, data_cfg), data_cfg, sources, shard, mix, None):
             i = index.get(did)
             if i is None:
                 continue
@@ -278,7 +280,7 @@ def check_tokenization(
     """Re-tokenize up to `sample` documents per shard with the HF tokenizer; compare with the store."""
     if sample <= 0:
         return {"documents_retokenized": 0}
-    encode = _encoder(tokenizer_dir)
+    encode = _encoder(tokenizer_dir, data_cfg)
     checked = 0
     for shard, entry in enumerate(store.manifest["shards"]):
         s = _Shard(store.root / entry["file"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 from collections.abc import Iterator
 
 import orjson
@@ -191,7 +192,9 @@ _STRUCTURE = re.compile(r"[{}\[\]:,]")
 
 _HIGH_ESCAPE = re.compile(r"\\u[dD][89abAB][0-9a-fA-F]{2}")
 
-_PLACEHOLDER = "\\u0000llmpipe-huge-{}"  # a streamed string in the skeleton (JSON escape of a NUL + a number)
+# A streamed string in the skeleton: the JSON escape of a NUL, a random key per record (so no string of the
+# record itself can equal it) and the string's number.
+_PLACEHOLDER = "\\u0000llmpipe-huge-{}-{}"
 
 
 class _Tally:
@@ -228,6 +231,7 @@ class _JsonScan:
         self.depth, self.top_obj, self.expect_key, self.last_key = 0, False, False, None
         self.is_key = self.is_text = False
         self.error, self.streamed, self.spools = None, 0, {}
+        self.key = secrets.token_hex(8)
 
     def feed(self, text: str) -> None:
         self.buf += text
@@ -299,7 +303,7 @@ class _JsonScan:
         self.long.add(text)
 
     def _end_long(self) -> None:
-        name = _PLACEHOLDER.format(self.streamed)
+        name = _PLACEHOLDER.format(self.key, self.streamed)
         self.streamed += 1
         self.skel.append('"' + name + '"')
         if self.is_key:
@@ -332,8 +336,8 @@ def _not_json(name: str):
 
 def loads_json(raw: bytes | str) -> object:
     """orjson.loads, and for a number beyond a double's range (1e999: valid JSON, which orjson refuses)
-    Python's json (it reads +-inf); NaN / Infinity literals and lone surrogates stay refused with orjson's
-    message. Python's json runs only after orjson has refused the record."""
+    Python's json (it reads +-inf, and integers of any size); NaN / Infinity literals and lone surrogates
+    stay refused with orjson's message. Python's json runs only after orjson has refused the record."""
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -341,8 +345,8 @@ def loads_json(raw: bytes | str) -> object:
             raise
         try:
             record = json.loads(raw, parse_constant=_not_json)
-            orjson.dumps(record)  # refuses a str with a lone surrogate, as orjson.loads does
-        except (ValueError, TypeError, RecursionError):  # orjson.JSONEncodeError is a TypeError
+            json.dumps(record, ensure_ascii=False).encode()  # a str with a lone surrogate: refused, as orjson does
+        except (ValueError, RecursionError):  # UnicodeEncodeError is a ValueError
             raise exc from None
         return record
 

@@ -54,12 +54,13 @@ class _Hashes:
         self.spans.setdefault(url, []).append(span)
         return span
 
-    def feed(self, span: _Span, data) -> None:
+    def feed(self, span: _Span, data, keep: bool = False) -> None:
+        """`keep`: keep these bytes whatever the run's length (still under KEEP_TOTAL)."""
         span.sha.update(data)
         span.end += len(data)
         if span.data is None:
             return
-        if span.end - span.start <= self.KEEP and self.kept + len(data) <= self.KEEP_TOTAL:
+        if (keep or span.end - span.start <= self.KEEP) and self.kept + len(data) <= self.KEEP_TOTAL:
             span.data += data
             self.kept += len(data)
         else:
@@ -107,13 +108,21 @@ class _Counted:
         self._fh, self._url, self._pos, self._span = fh, url, fh.tell(), None
         self._hashed = "://" not in url or url.startswith("file://")  # local files (remote ones: ETag, get-data)
 
-    def _count(self, data) -> None:
+    def _count(self, data, keep: bool = False) -> None:
         SOURCE_BYTES[self._url] += len(data)
         if self._hashed:
             if self._span is None or self._span.end != self._pos:  # a read not where the last one ended: a new run
                 self._span = SOURCE_HASHES.run(self._url, self._pos)
-            SOURCE_HASHES.feed(self._span, data)
+            SOURCE_HASHES.feed(self._span, data, keep)
         self._pos += len(data)
+
+    def read_kept(self, size: int) -> bytes:
+        """A read whose bytes are kept for the checksum whatever their length: Parquet's footer, read first,
+        hashed last (the reader holds it anyway, parsed)."""
+        data = self._fh.read(size)
+        if data:
+            self._count(data, keep=True)
+        return data
 
     def read(self, size: int = -1) -> bytes:
         data = self._fh.read(size)
@@ -164,7 +173,7 @@ def _open_raw(url: str, compression: str | None = None):
 
     if compression is not None:  # bz2 / xz: fsspec decompresses; count the compressed file's bytes under it
         with fsspec.open(url, "rb") as raw, fsspec.compression.compr[compression](_Counted(raw, url), mode="rb") as fh:
-            yield fh
+            yield _Piecewise(fh)
         return
     with fsspec.open(url, "rb") as fh:
         yield _Counted(fh, url)
@@ -186,6 +195,35 @@ def _open_binary(url: str) -> Iterator:
                 yield _Salvaged(fh, url)
         else:
             yield _ZstdStream(raw)
+
+
+class _Piecewise:
+    """A bz2 / xz reader whose read that fails part way (a truncated or damaged file) first hands out what it
+    decompressed before the break, then raises: BZ2File / LZMAFile give nothing back from a read(n) that
+    fails, which lost up to a read (1 MiB) of complete records. A read is made of read1 calls."""
+
+    def __init__(self, fh):
+        self._fh, self._error = fh, None
+
+    def read(self, size: int = -1) -> bytes:
+        if self._error is not None:
+            raise self._error
+        out, n = [], 0
+        try:
+            while size < 0 or n < size:
+                piece = self._fh.read1(size - n if size >= 0 else -1)
+                if not piece:
+                    break
+                out.append(piece)
+                n += len(piece)
+        except Exception as exc:
+            if not out:
+                raise
+            self._error = exc
+        return b"".join(out)
+
+    def __getattr__(self, name: str):
+        return getattr(self._fh, name)
 
 
 class _Salvaged:

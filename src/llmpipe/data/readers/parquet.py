@@ -39,7 +39,8 @@ def _parquet_footer(fh):
     if tail[4:] != b"PAR1" or n + 12 > size:
         return None
     fh.seek(size - 8 - n)
-    footer = fh.read(n)
+    footer = fh.read_kept(n) if hasattr(fh, "read_kept") else fh.read(n)
+    fh.footer_at = size - 8 - n
     fh.seek(0)
     if fh.read(4) != b"PAR1":
         return None
@@ -99,6 +100,14 @@ def _parquet(url: str, text_field: str) -> Iterator[tuple[str, object]]:
         for row, value in enumerate(_parquet_values(pf, text_field)):
             where = f"{url}:row {row}"
             yield where, value.bad(where) if isinstance(value, InvalidUtf8) else value
+        read_rest(fh)
+
+
+def read_rest(fh) -> None:
+    """Read on to the footer (read first): the column chunks after the text column's last one, so that every
+    byte is read once, in order (fh.read_through), and the checksum needs no second read."""
+    if getattr(fh, "read_through", False):
+        fh.seek(fh.footer_at)
 
 
 _MISSING = object()  # a record without the text field
