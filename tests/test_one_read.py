@@ -39,7 +39,8 @@ def _write(kind: str, folder) -> str:
         path.write_bytes(lines)
     elif kind == "txt":
         path = folder / "corpus.txt"
-        path.write_text("\n\n".join(d.replace("\n\n", "\n") for d in DOCS), encoding="utf-8")
+        # CRLF inside paragraphs: a streamed document crosses to a worker process with its line ends as they are
+        path.write_bytes("\n\n".join(d.replace("\n\n", "\n").replace("\n", "\r\n") for d in DOCS).encode())
     elif kind == "parquet":
         path = folder / "corpus.parquet"
         pq.write_table(pa.table({"text": DOCS}), path, row_group_size=16)

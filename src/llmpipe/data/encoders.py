@@ -243,15 +243,16 @@ class TiktokenEncoder(_LongDocuments):
         return [self.enc.encode_ordinary(t) for t in texts]  # the batch call's pool costs more than it gives on 1 thread
 
     def _make_cutter(self):
-        """Cuts from the regex tiktoken splits with (as tiktoken's own Python-side splitting runs it)."""
+        """Cuts from the HF pre-tokenizer (the same split: the sample check holds tiktoken's ids to HF's). Not
+        Python's `regex` module on tiktoken's pattern: its Unicode tables may be newer than the tokenizers'
+        (a character new in Unicode 17 is \\p{N} there, unassigned in both tokenizers), so it could cut inside
+        one of their pre-tokens."""
         if self.pattern not in long_docs.safe_patterns():
             return None
-        import regex
-
-        split = regex.compile(self.pattern)
+        pre = self.hf.tok.pre_tokenizer  # no normalizer (_tiktoken_core); added tokens' text goes through HF (_long)
 
         def starts(window: str) -> list[int]:
-            return [m.start() for m in split.finditer(window)]
+            return [a for _, (a, _) in pre.pre_tokenize_str(window)]
 
         return long_docs.Cutter(starts, None, 0, self.piece_chars, self.max_pretoken)
 

@@ -173,7 +173,7 @@ class _Workers:
 
 def _spool(text: StreamedText, folder: Path) -> _Spooled:
     fd, path = tempfile.mkstemp(dir=folder)
-    with os.fdopen(fd, "w", encoding="utf-8", errors="surrogatepass") as fh:
+    with os.fdopen(fd, "w", encoding="utf-8", errors="surrogatepass", newline="") as fh:  # line ends as they are
         for piece in text.chunks():
             fh.write(piece)
     return _Spooled(path, text.chars, text.nbytes, text.nul, text.blank)
@@ -190,7 +190,7 @@ class _Spooled:
 
     def opened(self) -> StreamedText:
         def chunks():
-            with open(self.path, encoding="utf-8", errors="surrogatepass") as fh:
+            with open(self.path, encoding="utf-8", errors="surrogatepass", newline="") as fh:  # no \r\n -> \n
                 while piece := fh.read(1 << 20):
                     yield piece
 
