@@ -77,7 +77,9 @@ DOCUMENTS = {
     "paragraphs_without_spaces": lambda: "\n\n".join("".join(random.Random(i).choices("abcxyz", k=50)) for i in range(2000)),
     # characters new in Unicode 17 (a Tolong Siki digit, a CJK Extension J ideograph): Python's `regex` module
     # knows them (\\p{N}, \\p{L}), the tokenizers do not: cuts must follow the tokenizer's own split
-    "newer_unicode_than_the_tokenizers": lambda: _mixed(11, ["\U00011de0", "1234567890", "12", "日本語", "\U00031350", "。"], 20_000),
+    "newer_unicode_than_the_tokenizers": lambda: _mixed(
+        11, ["\U00011de0", "1234567890", "12", "日本語", "\U00031350", "。"], 20_000
+    ),
     "runs_without_spaces": lambda: _mixed(
         10, ["abc", "日本語", "\n\n", "\n\n\n", "\t\t", "\r\n\r\n", "\u3000\u3000", "7"], 40_000
     ),
