@@ -8,6 +8,7 @@ name, then removes it, so the reader runs exactly as it would on a real checkpoi
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 import types
@@ -188,9 +189,30 @@ def test_layout_mismatch_is_refused(tmp_path):
         merge(tmp_path / "nxd", tmp_path / "o3")
 
 
+def test_rank_files_beyond_the_layout_anywhere_and_unreadable_ones_are_named(tmp_path):
+    tiny_llama(tmp_path, 8, 2, False)
+    layout = Layout(tp=2, pp=2, qkv_linear=True)
+    shard(tmp_path / "hf", tmp_path / "nxd", layout)
+    model = tmp_path / "nxd/pretrained_weight/model"
+    for extra in ("dp_rank_00_tp_rank_02_pp_rank_01.pt", "tp_rank_01_pp_rank_02/checkpoint.pt"):  # not on pp 0 / tp 0
+        (model / extra).parent.mkdir(exist_ok=True)
+        shutil.copy(model / "dp_rank_00_tp_rank_00_pp_rank_00.pt", model / extra)
+        with pytest.raises(ValueError, match=rf"rank files beyond the layout \({extra}\)"):
+            merge(tmp_path / "nxd", tmp_path / "out", step="pretrained")
+        (model / extra).unlink()
+    cut = model / "dp_rank_00_tp_rank_01_pp_rank_01.pt"
+    cut.write_bytes(cut.read_bytes()[: cut.stat().st_size // 2])
+    with pytest.raises(ValueError, match=rf"NxD rank file {cut} cannot be read"):
+        merge(tmp_path / "nxd", tmp_path / "out", step="pretrained")
+    (tmp_path / "nxd/pretrained_weight/nxd_layout.json").unlink()
+    cfg = json.loads((tmp_path / "hf/config.json").read_text())
+    with pytest.raises(FileNotFoundError, match=r"nxd_layout.json is missing: give the layout .*\(--layout\)"):
+        merge(tmp_path / "nxd", tmp_path / "out", step="pretrained", hf_config=cfg)
+    assert not (tmp_path / "out").exists()
+
+
 def test_cli_shard_then_merge_with_sharded_output_and_tokenizer(tmp_path):
     """neuron-merge's CLI, with the output split over several safetensors files (+ index)."""
-    import json
     import subprocess
 
     from tests.conftest import GPT2, REPO
@@ -229,4 +251,5 @@ def test_cli_shard_then_merge_with_sharded_output_and_tokenizer(tmp_path):
     for f in files:
         got.update(load_file(tmp_path / "out" / f))
     assert all(torch.equal(got[n], t) for n, t in model.state_dict().items())
+    assert index["metadata"]["total_size"] == sum(t.nbytes for t in got.values())  # tensor bytes, as HF's index counts
     assert (tmp_path / "out/tokenizer.json").is_file() and (tmp_path / "out/config.json").is_file()

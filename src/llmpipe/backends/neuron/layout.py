@@ -19,6 +19,7 @@ hardware the trainer runs on (NxD's qkv_linear.py picks it from the platform):
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -220,6 +221,19 @@ def rank_candidates(tp_rank: int, pp_rank: int) -> list[str]:
     then today's `dp_rank_00_tp_rank_XX_pp_rank_YY.pt`."""
     old = f"tp_rank_{tp_rank:02d}_pp_rank_{pp_rank:02d}"
     return [old, f"{old}/checkpoint.pt", rank_file(tp_rank, pp_rank)]
+
+
+_RANK_NAME = re.compile(r"^(?:dp_rank_\d+_)?tp_rank_(\d+)_pp_rank_(\d+)(?:\.pt|/checkpoint\.pt)?$")
+
+
+def rank_files_in(folder: Path) -> dict[str, tuple[int, int]]:
+    """Every rank model file in `folder` (any of rank_candidates' names): {name: (tp rank, pp rank)}."""
+    out = {}
+    for f in [*folder.glob("*tp_rank_*_pp_rank_*"), *folder.glob("tp_rank_*_pp_rank_*/checkpoint.pt")]:
+        name = f.relative_to(folder).as_posix()
+        if f.is_file() and (m := _RANK_NAME.match(name)):
+            out[name] = (int(m[1]), int(m[2]))
+    return out
 
 
 def find_rank_file(folder: Path, tp_rank: int, pp_rank: int) -> Path | None:

@@ -28,7 +28,17 @@ from pathlib import Path
 
 import torch
 
-from llmpipe.backends.neuron.layout import Dims, Layout, find_rank_file, kv_head, kv_rows, layer_pp_rank, q_group, rank_candidates
+from llmpipe.backends.neuron.layout import (
+    Dims,
+    Layout,
+    find_rank_file,
+    kv_head,
+    kv_rows,
+    layer_pp_rank,
+    q_group,
+    rank_candidates,
+    rank_files_in,
+)
 from llmpipe.backends.neuron.shard import LAYOUT_FILE, map_large_allocations
 from llmpipe.backends.neuron.xser import RankFile
 from llmpipe.io import atomic_path, write_json
@@ -102,9 +112,7 @@ class Shards:
         self.folder, self.layout, self.d = folder, layout, d
         if not folder.is_dir():
             raise FileNotFoundError(f"{folder}: no such folder")
-        beyond = [
-            str(f.relative_to(folder)) for f in (find_rank_file(folder, layout.tp, 0), find_rank_file(folder, 0, layout.pp)) if f
-        ]
+        beyond = [name for name, (t, p) in rank_files_in(folder).items() if t >= layout.tp or p >= layout.pp]
         if beyond:
             raise ValueError(
                 f"{folder} has rank files beyond the layout ({', '.join(beyond)}): "
@@ -350,6 +358,8 @@ def merge(
     cfg = dict(hf_config or record.get("hf_config") or {})
     if not cfg:
         raise FileNotFoundError(f"{record_path} is missing: give the HF config (--hf-config) and --layout")
+    if layout is None and "layout" not in record:
+        raise FileNotFoundError(f"{record_path} is missing: give the layout the checkpoint was written with (--layout)")
     layout = layout or Layout(**record["layout"])
     d = Dims.from_hf_config(cfg)
     layout = layout.check(d)
@@ -378,7 +388,8 @@ def merge(
             raise ValueError(f"merge: {extra[0]} was not planned")
         weight_map = {name: fname for fname, entries in plan.items() for name, _ in entries}
         if len(plan) > 1:
-            total = sum((tmp / f).stat().st_size for f in plan)
+            size = torch.empty((), dtype=torch_dtype).element_size()
+            total = sum(math.prod(shape) * size for entries in plan.values() for _, shape in entries)  # tensor bytes, as HF
             index = {"metadata": {"total_size": total}, "weight_map": weight_map}
             (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
         from transformers import LlamaConfig

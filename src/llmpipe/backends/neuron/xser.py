@@ -49,7 +49,10 @@ class RankFile:
             raise FileNotFoundError(f"NxD rank file missing: {self.path}")
         self.tensors_dir = Path(f"{self.path}.tensors")
         self.xser = self.tensors_dir.is_dir()
-        state = _load(self.path)
+        try:
+            state = _load(self.path)
+        except Exception as exc:  # a truncated or foreign file: torch's message does not name it
+            raise ValueError(f"NxD rank file {self.path} cannot be read ({type(exc).__name__}: {exc})") from exc
         if isinstance(state, dict) and model_key in state and isinstance(state[model_key], dict):
             state = state[model_key]
         if not isinstance(state, dict):
