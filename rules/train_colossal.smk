@@ -4,6 +4,8 @@
 # torchrun per node under Slurm) or `colossalai run --hostfile` (colossal.launcher: colossalai).
 # Contract: produce the HF-format folder {RUN}/checkpoints/colossal/final.
 
+from llmpipe.backends.colossal.checks import TRAIN_KEYS as COLOSSAL_TRAIN_KEYS
+
 
 rule train_colossal:
     input:
@@ -26,7 +28,7 @@ rule train_colossal:
     resources:
         **train_resources(),
     params:
-        cfg=cfg_json("train", "parallel", "eval", "colossal.plugin", "colossal.flash_attention"),
+        cfg=cfg_json("train", "parallel", "eval", *[f"colossal.{k}" for k in COLOSSAL_TRAIN_KEYS]),
         launch=colossal_launch(),
         cfg_file=f"{RUN}/train/colossal-config.json",
         checkpoints=lambda wildcards, output: Path(output[0]).parent,

@@ -145,6 +145,38 @@ def test_gemini_placement_keeps_what_the_config_sets_and_the_schema_bounds_it():
             cfgmod.validate({**base, "colossal": {"offload_optim_frac": bad}})
 
 
+def test_the_colossal_keys_the_trainer_reads_reach_its_job(tmp_path):
+    """rule train_colossal's config JSON (read by colossal-train) holds colossal.offload_* as set (they were
+    left out: the trainer saw null, auto, and a change did not rerun it)."""
+    from llmpipe import config as cfgmod
+    from llmpipe.backends.colossal.checks import TRAIN_KEYS
+
+    work = tmp_path / "repo"
+    shutil.copytree(REPO, work, ignore=REPO_IGNORE)
+    given = {"offload_optim_frac": 0.3, "offload_param_frac": 0.1, "flash_attention": False}
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "-n",
+            "-p",
+            "--profile",
+            "profiles/gpu-colossal",
+            "--config",
+            f"colossal={json.dumps(given)}",
+        ],
+        cwd=work,
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    sent = re.search(r"printf '%s' '(\{[^']*\})' > \S*colossal-config.json", r.stdout)
+    assert sent, r.stdout[-3000:]
+    got = cfgmod.load(sent.group(1))["colossal"]
+    assert {k: got[k] for k in given} == given and set(json.loads(sent.group(1))["colossal"]) == set(TRAIN_KEYS)
+
+
 def test_make_plugin_hands_the_placement_to_colossalais_gemini_plugin():
     """The real GeminiPlugin (ColossalAI 0.5.0, .venvs/colossal) takes the placement as given; built on CPU,
     not run (Gemini needs CUDA)."""

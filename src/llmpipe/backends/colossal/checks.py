@@ -7,6 +7,10 @@ from pathlib import Path
 
 from llmpipe.parallelism import refuse
 
+# The colossal keys the trainer reads (rule train_colossal passes them: a change reruns it); the others
+# (python, launcher, hostfile, master_port) only say how it is launched.
+TRAIN_KEYS = ("plugin", "flash_attention", "offload_optim_frac", "offload_param_frac")
+
 # The ZeRO stage each plugin is (3d: parallel.zero 0-2 chooses it).
 PLUGIN_ZERO = {"gemini": 3, "gemini_auto": 3, "zero2": 2, "ddp": 0}
 
