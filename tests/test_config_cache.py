@@ -75,3 +75,21 @@ def test_a_hit_skips_jsonschema(tmp_path):
         json.loads(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout)
     )
     assert runs == [{"jsonschema": True, "seq_len": 512}, {"jsonschema": False, "seq_len": 512}]
+
+
+def test_a_code_change_misses(tmp_path):
+    """The key covers llmpipe's own code: after an upgrade that changes a check, no result of the old checks is used."""
+    import shutil
+
+    src = cfgmod.SCHEMA_PATH.parent
+
+    def stamp(root) -> str:
+        code = "from llmpipe import config; print(config._schema_stamp())"
+        env = {**os.environ, "PYTHONPATH": str(root)}
+        return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+
+    for name in ("same", "edited"):
+        shutil.copytree(src, tmp_path / name / "llmpipe", ignore=shutil.ignore_patterns("__pycache__"))
+    with open(tmp_path / "edited" / "llmpipe" / "parallelism.py", "a") as fh:
+        fh.write("\n# a check changed\n")
+    assert stamp(tmp_path / "same") == stamp(src.parent) != stamp(tmp_path / "edited")

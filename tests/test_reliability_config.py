@@ -177,6 +177,10 @@ def test_yaml_exponent_floats_are_numbers(tmp_path):
     cfg = cfgmod.validate(parsed)
     assert cfg["train"]["lr"] == 3e-4 and cfg["train"]["min_lr"] == 1e-5 and cfg["run"] == "1e3"
     assert "'train.max_steps'" in refused({"train": {"max_steps": "1e3"}})
+    # inside lists too: a mixture's weights (data.sources items)
+    mix = yaml.safe_load("data:\n  sources:\n    - a.jsonl\n    - {path: b.jsonl, weight: 5e-1, name: b}\n")
+    assert mix["data"]["sources"][1]["weight"] == "5e-1"
+    assert cfgmod.validate(mix)["data"]["sources"] == ["a.jsonl", {"path": "b.jsonl", "weight": 0.5, "name": "b"}]
 
 
 @pytest.mark.parametrize("bad,key", [({"run": ".."}, "'run'"), ({"train": {"max_steps": -3}}, "'train.max_steps'")])

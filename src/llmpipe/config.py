@@ -100,7 +100,8 @@ def _cache_dir() -> Path | None:
 
 @functools.cache
 def _schema_stamp() -> str:
-    """sha256 of what the schema is built from: config_schema.yaml, each backend's name and section file."""
+    """sha256 of what the checks are built from: config_schema.yaml, each backend's name and section file, and
+    llmpipe's own code (~10 ms: a cached result never outlives the checks that made it, e.g. after an upgrade)."""
     from llmpipe import backends
 
     h = hashlib.sha256(SCHEMA_PATH.read_bytes())
@@ -108,6 +109,8 @@ def _schema_stamp() -> str:
         h.update(f"\0{b.name}\0".encode())
         if b.section_schema:
             h.update(Path(b.section_schema).read_bytes())
+    for f in sorted(Path(__file__).parent.rglob("*.py")):
+        h.update(f.read_bytes())
     return h.hexdigest()
 
 
@@ -338,6 +341,12 @@ def _coerce_numbers(config, schema: dict, root: dict) -> None:
         types = [types] if isinstance(types, str) else types
         if isinstance(value, dict):
             _coerce_numbers(value, sub, root)
+        elif isinstance(value, list) and isinstance(sub.get("items"), dict):  # e.g. data.sources' mixture items
+            item = sub["items"]
+            for alt in item.get("anyOf") or item.get("oneOf") or [item]:
+                if "properties" in alt:
+                    for v in value:
+                        _coerce_numbers(v, alt, root)
         elif isinstance(value, str) and "number" in types and "string" not in types and EXP_FLOAT.match(value):
             config[key] = float(value)
 
