@@ -281,7 +281,7 @@ def doctor_before_jobs():
     from snakemake.settings.types import DeploymentMethod
     from llmpipe import doctor
 
-    named = profiles.snakemake_profiles(profiles.snakemake_argv())
+    named = profiles.snakemake_profiles(profiles.snakemake_argv() or [])
     spec = {**doctor.profile_spec(named[-1] if named else None), "executor": workflow.executor_plugin.name}
     built = DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method  # envs from envs/*.yaml
     found = doctor.problems(config, spec, quick=True, envs=not built)

@@ -194,6 +194,9 @@ def test_active_profile_resolution(tmp_path, monkeypatch):
     assert profiles.active_profile(["--target-jobs", "train_neuron:"], {profiles.PROFILE_ENV: str(trn)}) == trn
     with pytest.raises(cfgmod.ConfigError, match="has no llmpipe.yaml"):
         profiles.active_profile([], {profiles.PROFILE_ENV: str(tmp_path)})
+    # a bare `snakemake` with $SNAKEMAKE_PROFILE set: that profile's llmpipe.yaml (it was ignored); an API caller: none
+    monkeypatch.setenv("SNAKEMAKE_PROFILE", "slurm-trn1")
+    assert profiles.active_profile([], {}) == trn and profiles.active_profile(None, {}) is None
 
 
 def layered_config(profile: str, **user) -> dict:

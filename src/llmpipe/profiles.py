@@ -70,11 +70,11 @@ def snakemake_profiles(argv: list[str]) -> list[Path]:
 
 
 def active_profile(argv: list[str] | None = None, environ: dict | None = None) -> Path | None:
-    """The profile folder with an llmpipe.yaml in force: the last such one the command line names, else
-    $LLMPIPE_PROFILE (set for cluster jobs by the main process), else None."""
-    argv = list(argv) if argv is not None else []
+    """The profile folder with an llmpipe.yaml in force: the last such one the snakemake command line `argv`
+    (None: not a command line, an API caller) names or $SNAKEMAKE_PROFILE does, else $LLMPIPE_PROFILE (set for
+    cluster jobs by the main process), else None."""
     environ = os.environ if environ is None else environ
-    with_overlay = [p for p in snakemake_profiles(argv) if (p / OVERLAY).is_file()] if argv else []
+    with_overlay = [p for p in snakemake_profiles(list(argv)) if (p / OVERLAY).is_file()] if argv is not None else []
     if with_overlay:
         return with_overlay[-1]
     named = environ.get(PROFILE_ENV)
@@ -86,12 +86,13 @@ def active_profile(argv: list[str] | None = None, environ: dict | None = None) -
     return None
 
 
-def snakemake_argv() -> list[str]:
-    """sys.argv when this process is the snakemake command (not a Python API caller)."""
+def snakemake_argv() -> list[str] | None:
+    """sys.argv when this process is the snakemake command ([] for a bare `snakemake`); None for a Python
+    API caller."""
     import sys
 
     prog = Path(sys.argv[0]).as_posix() if sys.argv else ""
-    return sys.argv[1:] if prog.endswith(("snakemake", "snakemake/__main__.py")) else []
+    return sys.argv[1:] if prog.endswith(("snakemake", "snakemake/__main__.py")) else None
 
 
 def preset_path(name: str, basedir: Path = REPO) -> Path:
