@@ -12,6 +12,7 @@ sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 from llmpipe import backends, overrides, profiles, run_identity
 from llmpipe.config import ConfigError, validate
 from llmpipe.data.mixture import is_mixture, paths as source_paths
+from llmpipe.data.pack_views import VIEW_KEYS
 from llmpipe.data.readers import HF_PREFIX
 from llmpipe.data.tokenizer import TOKENIZER_FILES
 from llmpipe.data.tokenize import num_jobs as tokenize_jobs, shards_per_job
@@ -55,15 +56,17 @@ SRC = shlex.quote(str(Path(workflow.basedir) / "src"))
 shell.prefix(f"set -euo pipefail; export PYTHONPATH={SRC}${{{{PYTHONPATH:+:$PYTHONPATH}}}}; ")
 
 
-def cfg_json(*keys):
-    """The config keys a job reads ("data", "train.seq_len"), as JSON: a change there (and only there) reruns it."""
+def cfg_json(*keys, drop=()):
+    """The config keys a job reads ("data", "train.seq_len"), as JSON: a change there (and only there) reruns it.
+    `drop`: keys of a whole section given that the job does not read ("data.shuffle_seed")."""
     out = {}
     for key in keys:
         section, _, name = key.partition(".")
         if name:
             out.setdefault(section, {})[name] = config[section][name]
         else:
-            out[section] = config[section]
+            value = config[section]
+            out[section] = {k: v for k, v in value.items() if f"{section}.{k}" not in drop} if isinstance(value, dict) else value
     text = json.dumps(out, sort_keys=True)
     return lambda wildcards: text  # a function: Snakemake must not read {...} in values as wildcards
 

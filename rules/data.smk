@@ -2,6 +2,11 @@
 # -> views (hf, litgpt, megatron) -> verify (token conservation, stats with sha256 of every file).
 
 
+# data keys only pack and verify read: the steps before them are not given them, so a change there reruns
+# only what reads it (tests/test_workflow.py)
+VIEW_ONLY = tuple(f"data.{k}" for k in (*VIEW_KEYS, "views", "verify_sample"))
+
+
 rule get_data:
     input:
         corpus_files,
@@ -13,7 +18,7 @@ rule get_data:
         "../envs/torch.yaml"
     threads: GET_DATA_THREADS
     params:
-        cfg=cfg_json("data"),
+        cfg=cfg_json("data", drop=VIEW_ONLY),
         files=corpus_stat,  # size, mtime, ctime, inode: an edit that keeps the mtime still reruns it
         remote=corpus_remote,  # ETag / version id of objects, commit of Hub datasets, as listed now
     shell:
@@ -31,7 +36,12 @@ rule tokenizer:
     conda:
         "../envs/torch.yaml"
     params:
-        cfg=cfg_json("data", "tokenizer", "hub.cache_dir", "hub.endpoint"),
+        cfg=cfg_json(
+            "data",
+            "tokenizer",
+            *(["hub.cache_dir", "hub.endpoint"] if is_hub_ref(config["tokenizer"]["source"]) else []),
+            drop=VIEW_ONLY,
+        ),
         sources=lambda wildcards, input: (["--sources", input[0]] if config["tokenizer"]["source"] == "train" else []),
     shell:
         "python -m llmpipe tokenizer --config {params.cfg:q} {params.sources:q} --out {output:q} > {log:q} 2>&1"
@@ -49,7 +59,7 @@ rule tokenize:
         "../envs/torch.yaml"
     threads: TOKENIZE_THREADS
     params:
-        cfg=cfg_json("data", "tokenizer.backend"),
+        cfg=cfg_json("data", "tokenizer.backend", drop=VIEW_ONLY),
         per_job=SHARDS_PER_JOB,
     shell:
         "python -m llmpipe tokenize --config {params.cfg:q} --sources {input.sources:q} --job {wildcards.job:q}"
@@ -83,7 +93,7 @@ rule pack_view:
     conda:
         "../envs/torch.yaml"
     params:
-        cfg=cfg_json("run", "data", "train.seq_len"),
+        cfg=cfg_json("run", "data", "train.seq_len", drop=("data.views", "data.verify_sample")),
     shell:
         "python -m llmpipe pack --config {params.cfg:q} --store {input.store:q} --format {wildcards.fmt:q}"
         " --tokenizer {input.tokenizer:q} --out {output:q} > {log:q} 2>&1"

@@ -105,6 +105,14 @@ def test_embedded_default_end_to_end(workdir):
     again = snakemake(workdir, "-n", timeout=120)
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
 
+    # a data key only verify reads reruns verify alone; one only pack reads, pack on: never the steps before
+    # (each data rule was given the whole data section: either retokenized the corpus)
+    for setting, first in (("data={verify_sample: 32}", "verify_data"), ("data={shuffle_seed: 7}", "pack_view")):
+        dry = snakemake(workdir, "-n", "--config", setting, timeout=120)
+        assert dry.returncode == 0 and f"rule {first}:" in dry.stdout, dry.stdout[-2000:] + dry.stderr[-2000:]
+        for rule in ("get_data", "tokenizer", "tokenize", "token_store") + (("pack_view",) if first == "verify_data" else ()):
+            assert f"rule {rule}:" not in dry.stdout, (setting, rule)
+
     # a changed tokenizer in the same run folder stops before any job (run-identity.json), naming the way out
     (workdir / "smaller-vocab.yaml").write_text("tokenizer: {vocab_size: 2048}\n")
     refused = snakemake(workdir, "-n", "--configfile", "smaller-vocab.yaml", timeout=120)
