@@ -154,22 +154,7 @@ def test_the_colossal_keys_the_trainer_reads_reach_its_job(tmp_path):
     work = tmp_path / "repo"
     shutil.copytree(REPO, work, ignore=REPO_IGNORE)
     given = {"offload_optim_frac": 0.3, "offload_param_frac": 0.1, "flash_attention": False}
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "snakemake",
-            "-n",
-            "-p",
-            "--profile",
-            "profiles/gpu-colossal",
-            "--config",
-            f"colossal={json.dumps(given)}",
-        ],
-        cwd=work,
-        capture_output=True,
-        text=True,
-    )
+    r = snakemake(work, "-n", "-p", "--config", f"colossal={json.dumps(given)}", profile="profiles/gpu-colossal")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     sent = re.search(r"printf '%s' '(\{[^']*\})' > \S*colossal-config.json", r.stdout)
     assert sent, r.stdout[-3000:]
@@ -281,9 +266,9 @@ def test_colossalai_launcher_on_many_nodes_needs_a_hostfile(tmp_path):
 # ---------------------------------------------------------------- through the Snakemake rule
 
 
-def snakemake(cwd, *args, timeout=600):
+def snakemake(cwd, *args, timeout=600, profile="profiles/local"):
     return subprocess.run(
-        [sys.executable, "-m", "snakemake", "--profile", "profiles/local", *args],
+        [sys.executable, "-m", "snakemake", "--profile", profile, *args],
         cwd=cwd,
         capture_output=True,
         text=True,
