@@ -17,7 +17,18 @@ rule plan:
     conda:
         "../envs/torch.yaml"
     params:
-        cfg=cfg_json("run", "train", "parallel", "plan", *[BACKEND] if BACKEND in config else []),  # layout: parallel
+        # the whole config is checked here (backend checks read model, data.views, ...): every section they read
+        cfg=cfg_json(
+            "run",
+            "model",
+            "tokenizer",
+            "data",
+            "train",
+            "parallel",
+            "plan",
+            *[BACKEND] if BACKEND in config else [],
+            drop=("data.verify_sample",),
+        ),
     shell:
         "python -m llmpipe plan --config {params.cfg:q} --view {input.view:q} --model {input.init:q}"
         " --out {output.json:q} --markdown {output.md:q} > {log:q} 2>&1"

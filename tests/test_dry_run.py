@@ -1,6 +1,7 @@
 """Every profile dry-runs offline, and the DAG renders (mermaid always, SVG where Graphviz is installed)."""
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -53,7 +54,7 @@ def dry_runs(tmp_path_factory):
         work = tmp_path_factory.mktemp(f"dry-{profile}") / "repo"
         shutil.copytree(REPO, work, ignore=SKIP)
         procs[profile] = subprocess.Popen(
-            [*NO_NETWORK, sys.executable, "-m", "snakemake", "-n", "--profile", f"profiles/{profile}"],
+            [*NO_NETWORK, sys.executable, "-m", "snakemake", "-n", "-p", "--profile", f"profiles/{profile}"],
             cwd=work,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -74,6 +75,32 @@ def test_dry_run_offline(dry_runs, profile):
     for rule in ("get_data", "tokenize", "pack_view", "plan", "export_hf", "evaluate", "report_items"):
         assert f"rule {rule}:" in out, (profile, rule)
     assert "This was a dry-run" in out + err
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_every_job_accepts_its_config_slice(dry_runs, profile):
+    """Each job's --config (the keys its rule passes, the rest defaults) passes the checks its command runs:
+    a rule that left out a section a check reads failed at that job (rule plan on slurm-trn1 / trn2 and
+    sagemaker: the default model against their tp / pp, no litgpt view)."""
+    from llmpipe import config as cfgmod
+    from llmpipe.plan.cli import load_configs
+
+    proc, out, err = dry_runs[profile]
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    checked = []
+    for line in out.splitlines():
+        argv = shlex.split(line.removeprefix("Shell command:")) if line.startswith("Shell command:") else []
+        if "llmpipe" not in argv or "--config" not in argv:
+            continue
+        command, slice_ = argv[argv.index("llmpipe") + 1], argv[argv.index("--config") + 1]
+        if not slice_.startswith("{"):  # a file a job before writes (launch)
+            continue
+        try:
+            load_configs([slice_]) if command == "plan" else cfgmod.load(slice_)
+        except cfgmod.ConfigError as exc:
+            pytest.fail(f"{profile}: llmpipe {command} refuses the config its rule gives it: {exc}")
+        checked.append(command)
+    assert {"plan", "tokenize", "pack", "export", "evaluate"} <= set(checked), checked
 
 
 def test_dag_script_writes_mermaid_and_svg(checkout, tmp_path):
