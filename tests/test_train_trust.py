@@ -53,6 +53,21 @@ def test_damaged_newest_checkpoint_falls_back_to_the_older_intact_one(tmp_path, 
     assert all(torch.equal(whole[k], cut[k]) for k in whole)  # bitwise the uninterrupted run
 
 
+def test_restart_replaces_the_old_runs_checkpoints(tmp_path, prepared):
+    """train.resume false restarts the run: its first checkpoint removes the old run's later steps (they
+    were kept as "the newest" before, so a rerun resumed the old run's step 6 and published its model)."""
+    assert run_train(prepared, tmp_path, SIX, "run").returncode == 0
+    assert ckpt.complete_steps(tmp_path / "run-ck") == [2, 4, 6]
+    restart = merge(SIX, {"train": {"resume": False}})
+    first = run_train(prepared, tmp_path, restart, "run", stop_after=2)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert ckpt.complete_steps(tmp_path / "run-ck") == [2]
+    again = run_train(prepared, tmp_path, SIX, "run")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "step_00000002 (step 2)" in again.stderr, again.stderr[-2000:]
+    assert [r["step"] for r in map(json.loads, (tmp_path / "run.jsonl").read_text().splitlines())] == list(range(1, 7))
+
+
 def test_every_checkpoint_damaged_is_refused_naming_the_way_out(tmp_path, prepared):
     assert run_train(prepared, tmp_path, SIX, "cut", stop_after=4).returncode == 0
     for step in ("step_00000002", "step_00000004"):

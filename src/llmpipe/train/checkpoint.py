@@ -46,9 +46,12 @@ def seal(folder: Path) -> None:
     (folder / "done").write_text("complete\n")
 
 
-def prune(root: Path, keep: int) -> None:
-    """Remove all but the newest `keep` complete steps."""
-    for old in complete_steps(root)[:-keep]:
+def prune(root: Path, keep: int, saved: int) -> None:
+    """After step `saved` was written: remove the complete steps above it (a run this one replaces, under
+    train.resume false, or damaged steps it resumed below) and all but the newest `keep` of the rest."""
+    steps = complete_steps(root)
+    later, rest = [s for s in steps if s > saved], [s for s in steps if s <= saved]
+    for old in later + rest[:-keep]:
         shutil.rmtree(step_dir(root, old), ignore_errors=True)
 
 

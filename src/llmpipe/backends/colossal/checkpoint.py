@@ -61,7 +61,7 @@ class Saver:
             seal(tmp)  # sha256 of every file, then `done`
         self._publish(tmp, target)
         if self.rank == 0:
-            prune(root, keep)
+            prune(root, keep, step)
             log.info("checkpoint %s", target)
 
     def final(self, out: Path, model, hf_config, tokenizer_dir: Path | None, summary: dict) -> None:

@@ -34,7 +34,7 @@ def save(root: Path, step: int, model, optimizer, scheduler, state: dict, keep: 
         save_model(model, str(tmp / "model.safetensors"))  # handles tied (shared) weights
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         _seal(tmp, step, scheduler, state)
-    _published(root, target, keep, "")
+    _published(root, target, step, keep, "")
     return target
 
 
@@ -58,9 +58,9 @@ def _seal(folder: Path, step: int, scheduler, state: dict) -> None:
     seal(folder)
 
 
-def _published(root: Path, target: Path, keep: int, how: str) -> None:
-    """After the rename into place: older steps pruned to `keep`, the step logged."""
-    prune(root, keep)
+def _published(root: Path, target: Path, step: int, keep: int, how: str) -> None:
+    """After the rename into place: steps pruned (llmpipe.train.checkpoint.prune), the step logged."""
+    prune(root, keep, step)
     log.info("checkpoint %s%s", target, how)
 
 
@@ -95,7 +95,7 @@ def save_sharded(root: Path, step: int, model, optimizer, scheduler, state: dict
         if target.exists():
             shutil.rmtree(target)
         os.replace(tmp, target)
-        _published(root, target, keep, f" (DCP, {dist.get_world_size()} processes)")
+        _published(root, target, step, keep, f" (DCP, {dist.get_world_size()} processes)")
     dist.barrier()
     return target
 
