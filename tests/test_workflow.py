@@ -197,6 +197,24 @@ def test_plan_and_report_after_the_run(workdir):
     for item in ("data.html", "plan.html", "eval.html"):
         assert item in html, item
 
+    # no per-step metrics (the neuron backend writes none; sagemaker-train an empty file when no log line
+    # matched) or a last step skipped as non-finite: the items are still made, saying what is missing
+    from llmpipe import report
+
+    inputs = {k: run / f for k, f in (("stats", "data/stats.json"), ("plan", "plan.json"), ("eval_json", "eval.json"))}
+    recs = [json.loads(line) for line in (run / "train" / "metrics.jsonl").read_text().splitlines()]
+    skipped = {**recs[-1], "loss": None, "grad_norm": None}
+    (workdir / "empty.jsonl").write_text("")
+    (workdir / "skipped.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs[:-1] + [skipped]))
+    for name, metrics, said in (
+        ("missing", workdir / "none.jsonl", "not recorded"),
+        ("empty", workdir / "empty.jsonl", "not recorded"),
+        ("skipped", workdir / "skipped.jsonl", f"final train loss {recs[-2]['loss']:.4f}"),
+    ):
+        report.build(metrics, out_dir=workdir / name, **inputs)
+        assert said in (workdir / name / "eval.html").read_text(), name
+        assert all((workdir / name / f).stat().st_size > 0 for f in ("loss.png", "lr.png", "throughput.png")), name
+
 
 def test_dry_run_with_remote_sources_makes_no_network_call(workdir, tmp_path):
     overlay = tmp_path / "remote.yaml"

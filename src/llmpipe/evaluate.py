@@ -50,7 +50,7 @@ def evaluate(
         )
     result = {
         "val_loss": loss,
-        "perplexity": math.exp(loss),
+        "perplexity": math.exp(loss) if loss <= 709.0 else math.inf,  # beyond a double: null in eval.json
         "tokens": tokens,
         "sequences": len(val),
         "document_masking": masking,

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from llmpipe.io import atomic_path
 from llmpipe.plan.render import HARDWARE_HEADER, hardware_rows, summary_rows
+from llmpipe.train.metrics import read_records
 
 log = logging.getLogger(__name__)
 
@@ -26,10 +27,22 @@ STYLE = (
 
 
 def read_metrics(path: str | Path) -> list[dict]:
-    recs = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-    if not recs:
-        raise ValueError(f"{path} has no metrics")
-    return recs
+    """The records of a metrics.jsonl; none when it is missing (the neuron backend writes nxd_metrics.json)
+    or empty (sagemaker-train, when no log line matched sagemaker.loss_regex)."""
+    return read_records(Path(path))
+
+
+def _nothing(path, what: str) -> None:
+    """A figure saying what is not there, in place of a curve."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3), dpi=100)
+    ax.text(0.5, 0.5, what, transform=ax.transAxes, ha="center")
+    ax.set_axis_off()
+    _save(fig, path)
 
 
 def plot(recs: list[dict], loss_png: str | Path, lr_png: str | Path, title: str = "") -> None:
@@ -40,7 +53,7 @@ def plot(recs: list[dict], loss_png: str | Path, lr_png: str | Path, title: str 
 
     steps = [r["step"] for r in recs]
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
-    ax.plot(steps, [r["loss"] for r in recs], lw=1, label="train loss")
+    ax.plot(steps, [r.get("loss") for r in recs], lw=1, label="train loss")  # None: a skipped step, a gap
     val = [r for r in recs if "val_loss" in r]
     if val:
         ax.plot([r["step"] for r in val], [r["val_loss"] for r in val], "o-", label="val loss")
@@ -167,19 +180,27 @@ def plan_page(plan: dict) -> str:
     return _page("plan", body)
 
 
-def eval_page(ev: dict, recs: list[dict]) -> str:
+def training_row(recs: list[dict]) -> str:
+    """Steps, tokens, epochs and the final train loss (the last finite one; a skipped step logs none)."""
+    if not recs:
+        return "not recorded (no metrics.jsonl from this backend)"
     last = recs[-1]
+    loss = next((r["loss"] for r in reversed(recs) if isinstance(r.get("loss"), (int, float))), None)
+    parts = [f"{last['step']:,} steps"]
+    parts += [f"{last['tokens']:,} tokens"] if last.get("tokens") is not None else []
+    parts += [f"{last['epoch']:.3g} epochs"] if last.get("epoch") is not None else []
+    return ", ".join(parts + [f"final train loss {loss:.4f}" if loss is not None else "no finite train loss"])
+
+
+def eval_page(ev: dict, recs: list[dict]) -> str:
     rows = [
         ("val loss", f"{ev['val_loss']:.4f}"),
-        ("perplexity", f"{ev['perplexity']:.2f}"),
+        ("perplexity", f"{ev['perplexity']:.2f}" if ev.get("perplexity") is not None else "beyond a double (loss > 709)"),
         ("predicted tokens", f"{ev['tokens']:,}"),
         ("sequences", f"{ev['sequences']:,}"),
         ("model", ev["model"]),
         ("data", ev["data"]),
-        (
-            "training",
-            f"{last['step']:,} steps, {last['tokens']:,} tokens, {last['epoch']:.3g} epochs, final train loss {last['loss']:.4f}",
-        ),
+        ("training", training_row(recs)),
     ]
     return _page("evaluation", "<h3>Evaluation</h3>" + _table(rows))
 
@@ -188,8 +209,13 @@ def build(metrics, stats, plan, eval_json, out_dir) -> None:
     out = Path(out_dir)
     recs = read_metrics(metrics)
     plan_d = json.loads(Path(plan).read_text())
-    plot(recs, out / "loss.png", out / "lr.png", f"(run {plan_d['run']})")
-    _save(throughput_figure(recs, f"(run {plan_d['run']})"), out / "throughput.png")
+    if recs:
+        plot(recs, out / "loss.png", out / "lr.png", f"(run {plan_d['run']})")
+        _save(throughput_figure(recs, f"(run {plan_d['run']})"), out / "throughput.png")
+    else:
+        why = f"not recorded: no records in {metrics}"
+        for name in ("loss.png", "lr.png", "throughput.png"):
+            _nothing(out / name, why)
     _write(out / "data.html", data_page(json.loads(Path(stats).read_text())))
     _write(out / "plan.html", plan_page(plan_d))
     _write(out / "eval.html", eval_page(json.loads(Path(eval_json).read_text()), recs))

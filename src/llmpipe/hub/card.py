@@ -260,7 +260,7 @@ def build_release(
     from llmpipe.report import plot, read_metrics
 
     hf_dir, out = Path(hf_dir), Path(out)
-    recs = read_metrics(metrics) if Path(metrics).is_file() else []  # a backend without metrics.jsonl: no curve
+    recs = read_metrics(metrics)  # none: no curve (a backend without metrics.jsonl, or none matched)
     base_record = json.loads((Path(base) / "hub.json").read_text()) if base and (Path(base) / "hub.json").is_file() else None
     if base_record:
         base_record = {k: base_record.get(k) for k in ("repo_id", "revision", "commit", "path") if base_record.get(k)}
