@@ -48,6 +48,12 @@ def test_bad_enum_and_range():
             cfgmod.load({section: {key: -1}})
 
 
+def test_local_launcher_on_several_nodes_rejected():
+    with pytest.raises(cfgmod.ConfigError, match=r"'train.launcher' local .* 'parallel.nnodes' is 2"):
+        cfgmod.load({"train": {"launcher": "local"}, "parallel": {"nnodes": 2}})
+    assert cfgmod.load({"train": {"launcher": "srun"}, "parallel": {"nnodes": 2}})["parallel"]["nnodes"] == 2
+
+
 def test_min_lr_above_lr_rejected():
     with pytest.raises(cfgmod.ConfigError, match="min_lr"):
         cfgmod.load({"train": {"lr": 1e-4, "min_lr": 1e-3}})

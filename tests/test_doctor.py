@@ -163,3 +163,25 @@ def test_main_environment_pins(spec, monkeypatch):
         ]
     else:
         assert found == []
+
+
+def test_slurm_requests_are_sized_per_node(monkeypatch):
+    """`gpu` is the whole job's (sbatch --gpus), spread over the training rule's nodes; a rule without
+    cpus_per_task asks for its threads (the Slurm plugin's --cpus-per-task); sinfo without an answer is
+    one line, not every rule "too big" for nodes of 0."""
+    from llmpipe import config as cfgmod
+
+    monkeypatch.setattr(doctor.shutil, "which", lambda tool: f"/usr/bin/{tool}")
+    monkeypatch.setattr(doctor, "_nodes", lambda: {"p": {"cpus": 16, "mem_mb": 10**6, "gpus": 8}})
+    spec = {"executor": "slurm", "set-threads": {"tokenize": 32}}
+    cfg = cfgmod.validate({"parallel": {"nnodes": 2}, "resources": {"train": {"gpu": 16}}}, whole=False)
+    too_many = "Slurm: tokenize asks for 32 cpus a node, the largest node of any partition has 16 (fix: resources)"
+    assert doctor.executor(spec, cfg) == [too_many]
+    cfg = cfgmod.validate({"parallel": {"nnodes": 2}, "resources": {"train": {"gpu": 24}}}, whole=False)
+    assert "Slurm: train_torch asks for 12 gpus a node, the largest node of any partition has 8 (fix: resources)" in (
+        doctor.executor(spec, cfg)
+    )
+    monkeypatch.setattr(doctor, "_nodes", lambda: {})
+    assert doctor.executor(spec, cfg) == [
+        "Slurm: sinfo listed no nodes (is slurmctld reachable from here? check SLURM_CONF and munge)"
+    ]

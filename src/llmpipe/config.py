@@ -290,6 +290,12 @@ def _cross_checks(config: dict) -> list[str]:
             )
         elif train["launcher"] == "local":
             out.append("'train.slurm_auto_resume' needs srun, but 'train.launcher' is local")
+    nodes = config["parallel"]["nnodes"]
+    if train["launcher"] == "local" and nodes > 1 and train["backend"] in ("torch", "colossal", "neuron"):
+        out.append(
+            f"'train.launcher' local starts one node's processes, but 'parallel.nnodes' is {nodes} (the other nodes"
+            " would sit idle and the batch shrink): use launcher auto or srun"
+        )
     if model["init_from"] is None and config["tokenizer"]["source"] == "base":
         out.append("'tokenizer.source' is 'base' (the base model's tokenizer) but 'model.init_from' is not set")
     return out

@@ -124,7 +124,8 @@ def _named_resources(spec: dict, cfg: dict) -> list[tuple[str, dict]]:
     backend = cfg["train"]["backend"]
     others = {r for b, rs in backends.rules_by_backend().items() if b != backend for r in rs}
     profile_set, config_res = spec.get("set-resources") or {}, cfg.get("resources") or {}
-    names = {"default", f"train_{backend}", *profile_set, *config_res} - {"train"} - others
+    threads = spec.get("set-threads") or {}
+    names = {"default", f"train_{backend}", *profile_set, *threads, *config_res} - {"train"} - others
     out = []
     for rule in sorted(names):
         res = {**(spec.get("default-resources") or {}), **(profile_set.get(rule) or {})}
@@ -172,6 +173,9 @@ def executor(spec: dict, cfg: dict) -> list[str]:
         return out
     named = _named_resources(spec, cfg)
     nodes = _nodes()
+    if not nodes:  # not "every rule too big": the controller did not answer
+        return ["Slurm: sinfo listed no nodes (is slurmctld reachable from here? check SLURM_CONF and munge)"]
+    threads = spec.get("set-threads") or {}
     missing: dict[str, list[str]] = {}
     for rule, res in named:
         part = res.get("slurm_partition")
@@ -180,9 +184,12 @@ def executor(spec: dict, cfg: dict) -> list[str]:
             continue
         largest = nodes[part] if part else {k: max((n[k] for n in nodes.values()), default=0) for k in ("cpus", "mem_mb", "gpus")}
         where = f"partition {part!r}" if part else "any partition"
+        # gres is per node, gpu the whole job's (sbatch --gpus) over its nodes; CPUs: the rule's threads when
+        # no cpus_per_task is set (the Slurm plugin's --cpus-per-task)
+        n = cfg["parallel"]["nnodes"] if rule == f"train_{cfg['train']['backend']}" else 1
         asks = {
-            "gpus": _gpus(res.get("gres")) or int(res.get("gpu") or 0),
-            "cpus": res.get("cpus_per_task"),
+            "gpus": _gpus(res.get("gres")) or -(-int(res.get("gpu") or 0) // n),
+            "cpus": res.get("cpus_per_task") or threads.get(rule),
             "mem_mb": res.get("mem_mb"),
         }
         for key, want in asks.items():
