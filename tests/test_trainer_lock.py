@@ -50,6 +50,30 @@ def test_a_dead_holder_is_taken_over(tmp_path):
         lockmod.TrainerLock(tmp_path).acquire()
 
 
+def test_a_failed_first_write_leaves_no_lock_and_an_old_empty_one_is_taken_over(tmp_path, monkeypatch):
+    """The lock appears whole or not at all (a full disk while writing it left an empty file, which every later
+    trainer read as "being written" and refused for ever); an empty one older than the lease is taken over."""
+    path = tmp_path / lockmod.LOCK_NAME
+
+    class DiskFull:  # the record cannot be written
+        loads = staticmethod(json.loads)
+
+        @staticmethod
+        def dumps(*args, **kwargs):
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(lockmod, "json", DiskFull)
+    with pytest.raises(OSError, match="No space left"):
+        lockmod.TrainerLock(tmp_path).acquire()
+    monkeypatch.setattr(lockmod, "json", json)
+    assert list(tmp_path.iterdir()) == []
+    path.write_text("")
+    old = time.time() - lockmod.LEASE - 1
+    os.utime(path, (old, old))
+    lockmod.TrainerLock(tmp_path).acquire()
+    assert json.loads(path.read_text())["pid"] == os.getpid()
+
+
 def test_second_launch_on_the_same_checkpoints_refuses_at_once(tmp_path):
     launch = [sys.executable, "-m", "llmpipe", "launch", "--launcher", "local", "--lock", str(tmp_path), "--"]
     first = subprocess.Popen([*launch, "-c", "import time; time.sleep(60)"], stderr=subprocess.PIPE, text=True)

@@ -1,7 +1,7 @@
 """One trainer per run: a lease on the run's checkpoint folder, and a trainer that dies with its snakemake.
 
-The lease is a JSON file (host, pid, start time, heartbeat) in the checkpoint folder, created with
-O_EXCL and refreshed every HEARTBEAT seconds by atomic rename, so it works on a shared file system
+The lease is a JSON file (host, pid, start time, heartbeat) in the checkpoint folder, put in place whole
+by link (fails if one exists) and refreshed every HEARTBEAT seconds by atomic rename, so it works on a shared file system
 (NFS, FSx, EFS) across nodes. A second trainer refuses at once, naming the holder. A lease is taken
 over when its holder is gone: on the same host when its pid no longer runs, from anywhere when its
 heartbeat is older than LEASE seconds (a dead node; clocks are assumed within seconds, as NTP keeps
@@ -61,32 +61,49 @@ class TrainerLock:
         held = _read(self.path)
         return held is not None and (held.get("host"), held.get("pid")) == (self.host, self.pid)
 
+    def _create(self) -> bool:
+        """Put our whole record in place unless a lock exists (link: atomic, also on NFS): never an empty lock
+        file, whatever happens between creating and writing it."""
+        tmp = self.path.with_name(f"{LOCK_NAME}.{self.host}.{self.pid}.new")
+        try:
+            tmp.write_text(json.dumps(self._record()))
+            os.link(tmp, self.path)
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def _take_over(self) -> bool:
+        self._write()  # take over a dead holder's lease, then make sure no one else did too
+        time.sleep(0.2)
+        return self._ours()
+
     def acquire(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         for _ in range(3):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                held = _read(self.path)
-                if held is None:  # being written this instant
-                    time.sleep(0.2)
+            if self._create():
+                return self._start_heartbeat()
+            held = _read(self.path)
+            if held is None:  # being replaced this instant, or unreadable (an older llmpipe's empty lock)
+                try:
+                    stale = time.time() - self.path.stat().st_mtime > LEASE
+                except FileNotFoundError:
                     continue
-                if not holder_gone(held, time.time(), self.host):
-                    age = time.time() - float(held.get("heartbeat", 0))
-                    raise LockHeld(  # noqa: B904 (the refusal, not a failure while handling one)
-                        f"{self.path.parent} is held by another {held.get('what', 'trainer')}: pid {held.get('pid')} on "
-                        f"host {held.get('host')} (heartbeat {age:.0f} s ago): two trainers would write the same "
-                        f"checkpoints. Stop that one, or wait for it; its lock ({self.path}) is released when it exits, "
-                        f"or taken over {LEASE:.0f} s after its last heartbeat"
-                    )
-                self._write()  # take over a dead holder's lease, then make sure no one else did too
-                time.sleep(0.2)
-                if self._ours():
+                if stale and self._take_over():
                     return self._start_heartbeat()
+                time.sleep(0.2)
                 continue
-            with os.fdopen(fd, "w") as fh:
-                fh.write(json.dumps(self._record()))
-            return self._start_heartbeat()
+            if not holder_gone(held, time.time(), self.host):
+                age = time.time() - float(held.get("heartbeat", 0))
+                raise LockHeld(
+                    f"{self.path.parent} is held by another {held.get('what', 'trainer')}: pid {held.get('pid')} on "
+                    f"host {held.get('host')} (heartbeat {age:.0f} s ago): two trainers would write the same "
+                    f"checkpoints. Stop that one, or wait for it; its lock ({self.path}) is released when it exits, "
+                    f"or taken over {LEASE:.0f} s after its last heartbeat"
+                )
+            if self._take_over():
+                return self._start_heartbeat()
         raise LockHeld(f"could not take {self.path}: other trainers keep taking it")
 
     def _start_heartbeat(self) -> None:
