@@ -33,7 +33,7 @@ rule levanter_config:
     conda:
         "../envs/levanter.yaml"
     params:
-        cfg=cfg_json("run", "data.shuffle", "model", "train", "parallel", "eval", "levanter"),
+        cfg=cfg_json("run", "data.shuffle", "data.shuffle_seed", "model", "train", "parallel", "eval", "levanter"),
         python=config["levanter"]["python"],
         output=LEVANTER_OUT,
     shell:

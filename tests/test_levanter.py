@@ -17,7 +17,7 @@ import yaml
 
 from llmpipe import config as cfgmod
 from llmpipe.backends.levanter.config import levanter_config, mixed_precision
-from tests.conftest import REPO, REPO_IGNORE
+from tests.conftest import REPO, REPO_IGNORE, merge
 
 LEV_PY = REPO / ".venvs" / "levanter" / "bin" / "python"
 SKIP = REPO_IGNORE
@@ -161,6 +161,7 @@ def test_config_mapping(tmp_path):
         t["seq_len"],
     )
     assert out["train_seq_len"] == t["seq_len"] and out["hf_save_steps"] == t["max_steps"]
+    assert out["data_seed"] == cfg["data"]["shuffle_seed"] and "load_checkpoint" not in tr
     assert out["data"]["auto_build_caches"] is False and out["data"]["block_cross_document_attention"] is False
     assert out["data"]["tokenizer"] == mod["tokenizer"] == mod["reference_checkpoint"] == str((tmp_path / "ref").resolve())
     assert "initialize_from_hf" not in out  # a new model: Levanter's own init from train.seed
@@ -175,27 +176,119 @@ def test_config_mapping(tmp_path):
     out = levanter_config(cont, tmp_path / "cache", tmp_path / "ref", tmp_path / "out")
     assert out["initialize_from_hf"] == str((tmp_path / "ref").resolve()) and out["use_hf_model_config"] is True
     assert out["optimizer"]["max_grad_norm"] is None and out["trainer"]["mp"] == "f32"
+    restart = cfgmod.validate({**cfg, "train": {**t, "resume": False}})
+    assert levanter_config(restart, tmp_path / "cache", tmp_path / "ref", tmp_path / "out")["trainer"]["load_checkpoint"] is False
     for platforms, want in (("cpu", "f32"), ("tpu", "p=f32,c=bfloat16")):
         auto = cfgmod.validate({"train": {"precision": "auto"}, "levanter": {"jax_platforms": platforms}})
         assert mixed_precision(auto) == want
 
 
 def test_changed_settings_refuse_to_resume(tmp_path):
-    """Checkpoints of a run id are resumed only with the settings they were trained with (paths may move)."""
+    """Checkpoints of a run id are resumed only with the settings and data they were trained with (paths,
+    save and eval frequency may change)."""
     from llmpipe.backends.levanter.train import check_resume
 
+    def lev(over=None, cache="cache", ref="ref"):
+        return levanter_config(cfgmod.validate(merge(cfg, over or {})), tmp_path / cache, tmp_path / ref, tmp_path / "out")
+
     cfg = cfgmod.validate({"levanter": {"run_id": "r"}})
-    lev = levanter_config(cfg, tmp_path / "cache", tmp_path / "ref", tmp_path / "out")
-    check_resume(lev)  # fresh: records the settings
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "cache.json").write_text(json.dumps({"fingerprint": "store-a"}))
+    check_resume(lev())  # fresh: records the settings
     step = tmp_path / "out" / "checkpoints" / "r" / "step-3"
     step.mkdir()
     (step / "metadata.json").write_text("{}")
-    check_resume(levanter_config(cfg, tmp_path / "moved-cache", tmp_path / "ref2", tmp_path / "out"))
-    changed = levanter_config(
-        cfgmod.validate({**cfg, "train": {**cfg["train"], "lr": 1e-3}}), tmp_path / "cache", tmp_path / "ref", tmp_path / "out"
+    shutil.copytree(tmp_path / "cache", tmp_path / "moved-cache")
+    check_resume(lev(cache="moved-cache", ref="ref2"))
+    check_resume(
+        lev({"train": {"save_interval": 7, "eval_interval": 3}, "eval": {"batch_size": 2}, "levanter": {"save_minutes": 1}})
     )
     with pytest.raises(ValueError, match=r"optimizer.learning_rate: 0.003 -> 0.001.*levanter.run_id"):
-        check_resume(changed)
+        check_resume(lev({"train": {"lr": 1e-3}}))
+    with pytest.raises(ValueError, match=r"data_seed: 0 -> 5"):
+        check_resume(lev({"data": {"shuffle_seed": 5}}))
+    (tmp_path / "cache" / "cache.json").write_text(json.dumps({"fingerprint": "store-b"}))  # another corpus
+    with pytest.raises(ValueError, match=r"llmpipe.data: 'store-a' -> 'store-b'"):
+        check_resume(lev())
+
+
+def test_records_start_afresh_unless_resumed(tmp_path):
+    """metrics.jsonl: a run that resumes keeps the earlier records up to its checkpoint; one that trains from
+    the start (a new run id, deleted checkpoints) keeps none of an earlier run's."""
+    from llmpipe.backends.levanter.train import LoggerRecords, start_afresh
+    from llmpipe.train.metrics import write_records
+
+    def line(step, loss):
+        event = {
+            "tracker": "json_logger",
+            "event": "log",
+            "step": step - 1,
+            "metrics": {"train/loss": loss, "optim/learning_rate": 1e-3},
+        }
+        return "INFO levanter.json_logger " + json.dumps(event)
+
+    path = tmp_path / "metrics.jsonl"
+    for resumed, want in ((None, {1: 3.0, 2: 3.0}), (2, {1: 5.0, 2: 5.0, 3: 3.0})):
+        write_records(path, [{"step": s, "loss": 5.0, "lr": 1e-3, "val_loss": 4.9} for s in range(1, 11)])
+        rec = LoggerRecords(path)
+        if resumed:
+            rec.resumed(resumed)
+        for s in range(resumed + 1 if resumed else 1, 4 if resumed else 3):
+            rec.add(line(s, 3.0))
+        rec.write()
+        assert {r["step"]: r["loss"] for r in map(json.loads, path.read_text().splitlines())} == want
+
+    cfg = cfgmod.validate({"levanter": {"run_id": "r"}, "train": {"resume": False}})
+    out = levanter_config(cfg, tmp_path / "cache", tmp_path / "ref", tmp_path / "out")
+    kept = tmp_path / "out" / "checkpoints" / "other"
+    for d in (tmp_path / "out" / "checkpoints" / "r" / "step-3", tmp_path / "out" / "hf" / "r" / "step-3", kept):
+        d.mkdir(parents=True)
+    start_afresh(out)
+    assert [p.name for p in (tmp_path / "out" / "checkpoints").iterdir()] == ["other"]
+    assert not (tmp_path / "out" / "hf" / "r").exists()
+
+
+def test_optimizer_as_levanter_reads_it(tmp_path):
+    """Our optimizer section parsed by Levanter's own config classes: warmup steps as written (1 included,
+    which Levanter reads as a fraction when written as 1) and weight decay on every matrix, the token
+    embeddings included, as our trainers; none on norms."""
+    need_env()
+    cases = {}
+    for steps in (0, 1, 2, 50):
+        cfg = cfgmod.validate({"train": {"warmup_steps": steps, "max_steps": 50}})
+        cases[steps] = levanter_config(cfg, tmp_path / "cache", tmp_path / "ref", tmp_path / "out")["optimizer"]
+    script = """
+import json, sys
+import draccus, haliax as hax, jax, jax.random as jrandom
+from levanter.models.llama import LlamaConfig
+from levanter.optim import OptimizerConfig
+from levanter.optim.config import _convert_frac_or_steps
+
+cases, out = json.loads(sys.argv[1]), {"warmup": {}}
+for steps, d in cases.items():
+    opt = draccus.decode(OptimizerConfig, d)
+    out["warmup"][steps] = _convert_frac_or_steps(opt.warmup, 50)
+model = LlamaConfig(max_seq_len=32, hidden_dim=16, intermediate_dim=32, num_layers=2, num_heads=2, num_kv_heads=1).build(
+    hax.Axis("vocab", 64), key=jrandom.PRNGKey(0))
+mask = opt.build_weight_decay_mask()(model)
+flags = jax.tree_util.tree_leaves_with_path(mask, is_leaf=lambda x: isinstance(x, bool))
+arrays = jax.tree_util.tree_leaves(model, is_leaf=lambda x: isinstance(x, hax.NamedArray))
+out["decay"] = {jax.tree_util.keystr(p): [m, len([a for a in x.axes if a.name != "layer"])] for (p, m), x in zip(flags, arrays)}
+print(json.dumps(out))
+"""
+    proc = subprocess.run(
+        [str(LEV_PY), "-c", script, json.dumps(cases)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["warmup"] == {str(s): s for s in cases}
+    decay = got["decay"]
+    assert ".embeddings.token_embeddings.weight" in decay and len(decay) >= 10, decay
+    assert all(decayed == (rank >= 2) for decayed, rank in decay.values()), decay
 
 
 def test_dry_run_lists_levanter_rules(tmp_path):
@@ -364,26 +457,23 @@ def test_finished_run_is_a_no_op(trained, tmp_path):
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
     run = trained["run"]
     env = {**os.environ, "PYTHONPATH": str(trained["work"] / "src")}
-    proc = subprocess.run(
-        [
-            str(LEV_PY),
-            "-m",
-            "llmpipe",
-            "levanter-train",
-            "--levanter-config",
-            str(run / "train/levanter/config.yaml"),
-            "--out",
-            str(tmp_path / "final"),
-            "--jax-platforms",
-            "cpu",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
+
+    def levanter_train(config, out):
+        args = ["-m", "llmpipe", "levanter-train", "--levanter-config", str(config), "--out", str(out), "--jax-platforms", "cpu"]
+        return subprocess.run([str(LEV_PY), *args], capture_output=True, text=True, timeout=300, env=env)
+
+    proc = levanter_train(run / "train/levanter/config.yaml", tmp_path / "final")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "already finished" in proc.stderr and "levanter.main.train_lm" not in proc.stderr
     assert (tmp_path / "final/model.safetensors").read_bytes() == (
         run / "checkpoints/levanter/final/model.safetensors"
     ).read_bytes()
+    # the finished run under another learning rate is refused, not published as if trained with it
+    lev = yaml.safe_load((run / "train/levanter/config.yaml").read_text())
+    lev["optimizer"]["learning_rate"] /= 2
+    (tmp_path / "changed.yaml").write_text(yaml.safe_dump(lev))
+    proc = levanter_train(tmp_path / "changed.yaml", tmp_path / "changed-final")
+    said = proc.stderr
+    assert proc.returncode != 0 and "trained with other settings (optimizer.learning_rate" in said, said[-3000:]
+    assert "Traceback" not in said
+    assert not (tmp_path / "changed-final").exists()

@@ -7,14 +7,19 @@ The mapping (the one place it lives; README "TPU path with Levanter" repeats it)
   eval.batch_size              trainer.per_device_eval_parallelism
   train.max_steps              trainer.num_train_steps
   train.lr, min_lr             optimizer.learning_rate, optimizer.min_lr_ratio = min_lr / lr
-  train.warmup_steps           optimizer.warmup (steps), optimizer.lr_schedule: cosine (decays to the last step)
+  train.warmup_steps           optimizer.warmup (steps; 1 is written as a fraction of the run that Levanter
+                               rounds to 1 step: it reads 1 as the whole run), optimizer.lr_schedule: cosine
   train.beta1, beta2, eps      optimizer.beta1, beta2, epsilon
-  train.weight_decay           optimizer.weight_decay (Levanter's default mask: matrices only, as ours)
+  train.weight_decay           optimizer.weight_decay on every Linear and Embedding weight, nothing else
+                               (optimizer.weight_decay_modules; ours: every matrix. Levanter's default mask
+                               would leave the embeddings out)
   train.grad_clip              optimizer.max_grad_norm (0 -> null: no clipping)
   train.eval_interval          trainer.steps_per_eval (the last step is always evaluated)
   train.save_interval          trainer.checkpointer.keep: [{every: save_interval}] (+ a time-based one every
                                levanter.save_minutes; the last step is always saved)
-  train.seed                   trainer.seed (model init, data order)
+  train.seed                   trainer.seed (model init)
+  train.resume                 false: trainer.load_checkpoint false, and levanter-train removes the run id's
+                               old checkpoints and exports first (the run starts again)
   train.precision / levanter.mp  trainer.mp: fp32 -> f32, bf16 -> p=f32,c=bfloat16, auto -> bf16 compute when
                                libtpu is installed (a TPU environment) or JAX_PLATFORMS names tpu/cuda, else f32
   train.seq_len                model.max_seq_len and train_seq_len
@@ -23,7 +28,7 @@ The mapping (the one place it lives; README "TPU path with Levanter" repeats it)
                                initializer_range
   model.init_from              initialize_from_hf: the reference folder (links to init_model's local copy of the
                                base model) + use_hf_model_config: true (continued pre-training)
-  data.shuffle                 data.shuffle (Levanter's own seeded permutation of the packed sequences)
+  data.shuffle, shuffle_seed   data.shuffle, data_seed (Levanter's own seeded permutation of the packed sequences)
   tokenizer, init checkpoint   data.tokenizer, model.tokenizer, model.reference_checkpoint: the local reference
                                folder (reference_folder: tokenizer + config.json + init weights; no hub access)
   levanter.run_id (or run)     trainer.id: fixed, so a rerun resumes from <output>/checkpoints/<id>/step-N
@@ -64,6 +69,17 @@ def mixed_precision(cfg: dict) -> str:
         )
         precision = "bf16" if accel else "fp32"
     return "p=f32,c=bfloat16" if precision == "bf16" else "f32"
+
+
+# Weights that get weight decay, matched against Levanter's class key paths (Linear.weight, Embedding.weight):
+# every matrix, as our trainers decay them; norms and biases none.
+DECAYED = r"^(Linear|Embedding)\.weight$"
+
+
+def warmup(steps: int, max_steps: int) -> int | float:
+    """train.warmup_steps as Levanter's optimizer.warmup, which reads a value <= 1 as a fraction of the run:
+    1 step becomes 1.5 / max_steps (int(1.5 / n * n) == 1)."""
+    return 1.5 / max_steps if steps == 1 and max_steps > 1 else int(steps)
 
 
 def merge(base: dict, over: dict) -> dict:
@@ -155,17 +171,22 @@ def levanter_config(cfg: dict, cache: str | Path, reference: str | Path, output:
             "type": "adam",
             "learning_rate": t["lr"],
             "min_lr_ratio": t["min_lr"] / t["lr"],
-            "warmup": int(t["warmup_steps"]),
+            "warmup": warmup(t["warmup_steps"], t["max_steps"]),
             "lr_schedule": "cosine",
             "beta1": t["beta1"],
             "beta2": t["beta2"],
             "epsilon": t["eps"],
             "weight_decay": t["weight_decay"],
+            "weight_decay_modules": DECAYED,
+            "default_weight_decay_mask": False,
             "max_grad_norm": t["grad_clip"] or None,
         },
+        "data_seed": cfg["data"]["shuffle_seed"],
         "hf_save_path": f"{output}/hf",
         "hf_save_steps": t["max_steps"],
     }
+    if not t["resume"]:
+        out["trainer"]["load_checkpoint"] = False
     if m["init_from"]:
         out["initialize_from_hf"] = init
         out["use_hf_model_config"] = True

@@ -30,6 +30,7 @@ import yaml
 from llmpipe.backends.levanter import require_levanter
 from llmpipe.io import atomic_path, write_json
 from llmpipe.train.metrics import read_records, write_records
+from llmpipe.train.resume import init_sha256
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,7 @@ class LoggerRecords:
         self.path, self.records, self._written = path, {}, 0.0
         self.per_step, self.train_sequences = sequences_per_step, train_sequences
         self.floor = 0  # steps up to here come from the checkpoint this run resumed from
+        self.started = False  # a step's line was seen: a resume is announced before it
         if path:
             self.records = {rec["step"]: rec for rec in read_records(path)}
 
@@ -71,6 +73,10 @@ class LoggerRecords:
         if event.get("event") != "log" or event.get("step") is None:
             return
         step = int(event["step"]) + 1
+        if not self.started:
+            self.started = True
+            if not self.floor:  # trained from the start: an earlier run's records are not this run's
+                self.records = {}
         if step <= self.floor:
             return
         values = {KEYS[k]: v for k, v in event["metrics"].items() if k in KEYS and isinstance(v, (int, float))}
@@ -110,36 +116,71 @@ def _flat(d: dict, prefix: str = "") -> dict:
     return out
 
 
+# Settings that may change between a checkpoint and its resume: paths, and when to save or evaluate.
+NEUTRAL = {
+    "trainer.log_dir",
+    "trainer.checkpointer.base_path",
+    "trainer.checkpointer.save_interval",
+    "trainer.checkpointer.keep",
+    "trainer.steps_per_eval",
+    "trainer.per_device_eval_parallelism",
+    "trainer.max_eval_batches",
+    "trainer.load_checkpoint",
+    "model.tokenizer",
+    "model.reference_checkpoint",
+    "initialize_from_hf",
+    "hf_save_path",
+    "data.tokenizer",
+    "data.cache_dir",
+    "data.components.llmpipe.cache_dir",
+}
+IDENTITY = ("llmpipe.data", "llmpipe.init_sha256")  # what was trained on, not settings
+
+
+def run_settings(lev: dict) -> dict:
+    """What checkpoints must agree on: Levanter's settings (NEUTRAL and the tracker left out), the token
+    store's fingerprint (cache.json) and, when continuing a model, its weights' digest."""
+    want = {k: v for k, v in _flat(lev).items() if k not in NEUTRAL and not k.startswith("trainer.tracker")}
+    info = Path(lev["data"]["cache_dir"]) / "cache.json"
+    want["llmpipe.data"] = json.loads(info.read_text())["fingerprint"] if info.exists() else None
+    if lev.get("initialize_from_hf"):
+        want["llmpipe.init_sha256"] = init_sha256(Path(lev["initialize_from_hf"]))
+    return want
+
+
 def check_resume(lev: dict) -> None:
-    """Refuse to resume checkpoints trained with other settings (hyperparameters, model, data order);
-    paths and logging may change. Records this run's settings beside its checkpoints."""
-    skip = {
-        "trainer.log_dir",
-        "trainer.checkpointer.base_path",
-        "model.tokenizer",
-        "model.reference_checkpoint",
-        "initialize_from_hf",
-        "hf_save_path",
-        "data.tokenizer",
-        "data.cache_dir",
-        "data.components.llmpipe.cache_dir",
-    }
-    want = {k: v for k, v in _flat(lev).items() if k not in skip and not k.startswith("trainer.tracker")}
+    """Refuse to resume checkpoints trained with other settings (hyperparameters, model, data order) or on
+    other data or another base model; paths, logging and save / eval frequency may change. Records this
+    run's settings beside its checkpoints."""
+    want = run_settings(lev)
     root = f"{lev['trainer']['checkpointer']['base_path']}/{lev['trainer']['id']}"
     fs, path = fsspec.core.url_to_fs(root)
     record = f"{path}/llmpipe-settings.json"
     if fs.exists(record) and fs.glob(f"{path}/step-*/metadata.json"):
         have = json.loads(fs.cat_file(record))
-        diff = sorted(k for k in want.keys() | have.keys() if want.get(k) != have.get(k))
+        have = {k: v for k, v in have.items() if k not in NEUTRAL}  # recorded by an older llmpipe
+        keys = (want.keys() | have.keys()) - {k for k in IDENTITY if k not in have}  # older records lack them
+        diff = sorted(k for k in keys if want.get(k) != have.get(k))
         if diff:
             changes = ", ".join(f"{k}: {have.get(k)!r} -> {want.get(k)!r}" for k in diff)
             raise ValueError(
                 f"checkpoints in {root} were trained with other settings ({changes}): "
-                "set a new levanter.run_id, or delete that folder to start again"
+                "set a new levanter.run_id, or delete that folder to start again (or train.resume: false)"
             )
     fs.makedirs(path, exist_ok=True)
     with fs.open(record, "w") as fh:
         fh.write(json.dumps(want, indent=1, sort_keys=True))
+
+
+def start_afresh(lev: dict) -> None:
+    """train.resume false: this run id's checkpoints and HF exports are removed, so it trains from the
+    start and nothing of the old run is published or resumed later."""
+    run_id = lev["trainer"]["id"]
+    for root in (f"{lev['trainer']['checkpointer']['base_path']}/{run_id}", f"{lev['hf_save_path']}/{run_id}"):
+        fs, path = fsspec.core.url_to_fs(root)
+        if fs.exists(path):
+            log.warning("train.resume is false: removing %s (the earlier run's checkpoints / exports)", root)
+            fs.rm(path, recursive=True)
 
 
 def records_for(lev: dict, metrics: str | Path | None) -> LoggerRecords:
@@ -166,7 +207,6 @@ def finished_checkpoint(lev: dict) -> str | None:
 def train_lm(config_path: str | Path, lev: dict, rec: LoggerRecords, jax_platforms: str) -> str | None:
     """Run levanter.main.train_lm, relaying its output and recording its metrics; the checkpoint it
     resumed from (None: from the start)."""
-    check_resume(lev)
     env = {**os.environ, **OFFLINE, **({"JAX_PLATFORMS": jax_platforms} if jax_platforms else {})}
     cmd = [sys.executable, "-m", "levanter.main.train_lm", "--config_path", str(config_path)]
     log.info("running %s", " ".join(cmd))
@@ -226,6 +266,9 @@ def run(config_path: str | Path, out: str | Path, metrics: str | Path | None, ja
     require_levanter()
     lev = yaml.safe_load(Path(config_path).read_text())
     rec = records_for(lev, metrics)
+    if lev["trainer"].get("load_checkpoint") is False:
+        start_afresh(lev)
+    check_resume(lev)  # before a finished run is published again: it must have been trained as configured
     resumed_from = finished_checkpoint(lev)
     if resumed_from is not None:
         rec.write()
@@ -243,4 +286,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--metrics", help="metrics.jsonl to write")
     p.add_argument("--jax-platforms", default="", help="JAX_PLATFORMS for Levanter (cpu, tpu); empty: JAX chooses")
     args = p.parse_args(argv)
-    run(args.levanter_config, args.out, args.metrics, args.jax_platforms)
+    try:
+        run(args.levanter_config, args.out, args.metrics, args.jax_platforms)
+    except ValueError as exc:  # checkpoints of other settings: one line, the ways out in it
+        raise SystemExit(f"llmpipe levanter-train: {exc}") from None
