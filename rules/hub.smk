@@ -30,7 +30,7 @@ rule download_dataset:
     conda:
         "../envs/torch.yaml"
     params:
-        cfg=cfg_json("hub.datasets", "data.text_field"),
+        cfg=cfg_json("hub.datasets", "hub.endpoint", "data.text_field"),
         commit=dataset_commit,  # where the revision points now: a moved branch downloads again
     shell:
         "python -m llmpipe download-dataset --config {params.cfg:q} --name {wildcards.name:q} --out {output:q} > {log:q} 2>&1"

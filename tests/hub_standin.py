@@ -170,8 +170,10 @@ class StandInHub:
                     req = json.loads(body)
                     repo_id = f"{req['organization']}/{req['name']}" if req.get("organization") else req["name"]
                     kind = req.get("type") or "model"
-                    if (kind, repo_id) not in hub.repos:
-                        hub.repos[(kind, repo_id)] = Repo(private=bool(req.get("private")) or req.get("visibility") == "private")
+                    if (kind, repo_id) not in hub.repos:  # with its first commit, as the Hub makes it
+                        repo = Repo(private=bool(req.get("private")) or req.get("visibility") == "private")
+                        repo.commit({".gitattributes": b"*.safetensors filter=lfs diff=lfs merge=lfs -text\n"})
+                        hub.repos[(kind, repo_id)] = repo
                     self._json(200, {"url": f"http://{self.headers['Host']}/{repo_id}", "name": repo_id})
                     return
                 m = re.match(r"^/api/(model|dataset)s/([^/]+/[^/]+)/preupload/(.+)$", path)

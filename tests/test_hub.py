@@ -263,6 +263,27 @@ def test_dataset_split_slicing(tmp_path):
     assert not (tmp_path / "c.parquet").exists()
 
 
+def test_hub_dataset_comes_from_hub_endpoint(tmp_path):
+    """download-dataset asks the configured hub.endpoint (a private Hub or mirror), as download-model and the
+    plan's commit keys do: it went to huggingface.co."""
+    from llmpipe.data.readers import ReadStats, documents
+    from tests.conftest import corpus_docs
+
+    docs = corpus_docs(20)
+    with StandInHub() as hub:
+        repo = Repo()
+        sha = repo.commit({"train.jsonl": "".join(json.dumps({"text": d}) + "\n" for d in docs).encode(), "README.md": b"# ds\n"})
+        hub.repos[("dataset", "org/ds")] = repo
+        cfg = {"hub": {"endpoint": hub.url, "datasets": [{"name": "ds", "id": "org/ds"}]}}
+        out = tmp_path / "ds.parquet"
+        args = ["download-dataset", "--config", json.dumps(cfg), "--name", "ds", "--out", str(out)]
+        proc = cli(args, env={"HF_HOME": str(tmp_path / "hf")})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(out.with_name("ds.parquet.json").read_text())["commit"] == sha
+    cfg = {"text_field": "text", "max_records_per_source": None, "max_document_chars": None, "on_bad_record": "fail"}
+    assert [t for _, t in documents(str(out), cfg, ReadStats())] == docs
+
+
 @pytest.fixture(scope="module")
 def trained_run(prepared, tmp_path_factory):
     """A real tiny run: train 6 steps, export, evaluate (inputs of the model card)."""
@@ -362,7 +383,15 @@ def test_model_card_states_every_field_and_release_uploads(trained_run, prepared
         local = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
         assert sent == local  # every file, byte for byte (card, weights, loss curve, provenance, config)
         assert sent["README.md"].decode() == card
-        assert rec["commit"] == hub.repos[("model", "me/tiny-llama")].refs["main"]
+        assert rec["commit"] == hub.repos[("model", "me/tiny-llama")].refs["main"] and rec["private"] is True
+        # an existing public repo stays public under create_repo(private=True): refused, nothing uploaded
+        from llmpipe.hub import HubError
+
+        public = hub.repos[("model", "me/public")] = Repo(private=False)
+        public.commit({"README.md": b"# someone's public model\n"})
+        with pytest.raises(HubError, match="me/public exists and is public, but hub.release.private is true"):
+            release(out, "me/public", tmp_path / "public.json", endpoint=hub.url)
+        assert len(public.commits) == 1 and not (tmp_path / "public.json").exists()
     assert json.loads((tmp_path / "release.json").read_text())["files"] == files
     no_token_in(tmp_path, texts=(caplog.text,))
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -28,9 +29,15 @@ def download_dataset(
     split: str = "train",
     revision: str | None = None,
     text_field: str | None = None,
+    endpoint: str | None = None,
 ) -> dict:
+    if endpoint:  # hub.endpoint: datasets and huggingface_hub read it once, when imported
+        os.environ["HF_ENDPOINT"] = endpoint.rstrip("/")
     import datasets
+    from huggingface_hub import constants
 
+    if endpoint and constants.ENDPOINT != endpoint.rstrip("/"):
+        raise HubError(f"hub.endpoint {endpoint}: huggingface_hub was imported before it was set (endpoint {constants.ENDPOINT})")
     out = Path(out)
     try:
         ds = datasets.load_dataset(dataset_id, config, split=split, revision=revision)
@@ -50,7 +57,7 @@ def download_dataset(
         try:
             from huggingface_hub import HfApi
 
-            commit = HfApi().dataset_info(dataset_id, revision=revision).sha
+            commit = HfApi(endpoint=endpoint).dataset_info(dataset_id, revision=revision).sha
         except Exception as exc:  # offline: the cache served it; the commit stays unknown
             log.info("dataset commit not resolved (%s)", type(exc).__name__)
     with atomic_path(out) as tmp:
@@ -85,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--revision")
     p.add_argument("--out", required=True, help="Parquet file to write")
     args = p.parse_args(argv)
-    text_field = None
+    text_field = endpoint = None
     if args.name:
         cfg = cfgmod.load(args.config) if args.config else cfgmod.load(None)
         entries = {e["name"]: e for e in cfg["hub"]["datasets"]}
@@ -93,13 +100,13 @@ def main(argv: list[str] | None = None) -> None:
             p.error(f"no hub.datasets entry named {args.name!r} (have: {', '.join(entries) or 'none'})")
         e = entries[args.name]
         spec = (e["id"], e["config"], e["split"], e["revision"])
-        text_field = cfg["data"]["text_field"]
+        text_field, endpoint = cfg["data"]["text_field"], cfg["hub"]["endpoint"]
     elif args.id:
         spec = (args.id, args.hf_config, args.split, args.revision)
     else:
         p.error("give --id, or --config with --name")
     try:
-        download_dataset(spec[0], args.out, spec[1], spec[2], spec[3], text_field)
+        download_dataset(spec[0], args.out, spec[1], spec[2], spec[3], text_field, endpoint)
     except HubError as exc:
         print(f"llmpipe download-dataset: {exc}", file=sys.stderr)
         sys.exit(1)

@@ -38,6 +38,15 @@ def release(
     api = HfApi(endpoint=endpoint)
     try:
         repo = api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
+        actual = api.repo_info(repo_id, repo_type="model").private  # create_repo keeps an existing repo's visibility
+    except Exception as exc:
+        raise HubError(explain(exc, repo_id, None).replace("model ", "release repo ", 1)) from None
+    if private and not actual:
+        raise HubError(
+            f"release repo {repo_id} exists and is public, but hub.release.private is true: nothing was uploaded "
+            "(make the repo private on the Hub, or set hub.release.private: false to publish)"
+        )
+    try:
         info = api.upload_folder(
             repo_id=repo_id,
             repo_type="model",
@@ -49,7 +58,7 @@ def release(
         raise HubError(explain(exc, repo_id, None).replace("model ", "release repo ", 1)) from None
     record = {
         "repo_id": repo_id,
-        "private": private,
+        "private": bool(actual),
         "url": str(repo),
         "commit": info.oid,
         "commit_url": info.commit_url,
