@@ -113,6 +113,27 @@ def test_non_finite_step_stops_training_and_checkpoints_stay_finite(tmp_path, pr
     assert not (tmp_path / "nan-final").exists()
 
 
+def test_skip_allowance_is_the_runs_not_the_jobs(tmp_path, prepared):
+    """train.skip_nonfinite_steps counts over the run: a run stopped after skipping step 2 and resumed stops
+    at step 3, as the uninterrupted run does (the count was not in the checkpoint: the resumed job skipped
+    step 3 too)."""
+    one = merge(BLOW_UP, {"train": {"skip_nonfinite_steps": 1}})
+    first = run_train(prepared, tmp_path, one, "nan", stop_after=2)
+    assert first.returncode == 0 and "step 2: grad_norm nan: skipped, no update" in first.stderr, first.stderr[-2000:]
+    resumed = run_train(prepared, tmp_path, one, "nan")
+    assert resumed.returncode != 0 and "step_00000002 (step 2)" in resumed.stderr, resumed.stderr[-2000:]
+    assert "llmpipe torch-train: step 3: grad_norm nan: training stopped before updating the weights" in resumed.stderr
+    assert "skipped, no update" not in resumed.stderr
+
+
+def test_setup_mistake_is_one_line(tmp_path, prepared):
+    """A view of other rows than train.seq_len stops torch-train in one line, not a traceback (per rank)."""
+    seq = prepared["cfg"]["train"]["seq_len"]
+    proc = run_train(prepared, tmp_path, {"train": {"seq_len": 2 * seq}}, "seq")
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert f"llmpipe torch-train: view {prepared['view']} has rows of {seq} tokens, train.seq_len is {2 * seq}" in proc.stderr
+
+
 def test_changed_hyperparameter_stops_before_any_job_and_deletes_nothing(tmp_path):
     """A finished run, then train.lr changed: one line naming the key and both ways out, before Snakemake
     deletes the old model; with train.resume=false the run goes ahead."""

@@ -318,6 +318,7 @@ class Trainer:
         if found is None:
             return 0
         path, state = found
+        self.guard.skipped = list(state.get("skipped_nonfinite", []))  # the allowance is the run's, not the job's
         self.booster.load_model(self.model, str(path / "model"))
         self.booster.load_optimizer(self.optimizer, str(path / optimizer_name(self.saver.sharded)))
         self.booster.load_lr_scheduler(self.scheduler, str(path / "scheduler.pt"))
@@ -438,7 +439,13 @@ class Trainer:
 
     def save(self, step: int) -> None:
         self.saver.checkpoint(
-            self.ckpt_root, step, self.model, self.optimizer, self.scheduler, {"fingerprint": self.fp}, self.t["keep_checkpoints"]
+            self.ckpt_root,
+            step,
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            {"fingerprint": self.fp, "skipped_nonfinite": self.guard.skipped},
+            self.t["keep_checkpoints"],
         )
 
     def finish(self, out_dir: Path, start: int, last_val: float | None) -> dict:

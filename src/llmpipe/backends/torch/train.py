@@ -170,6 +170,7 @@ class Trainer:
         found = resume_state(self.ckpt_root, self.t, self.fp, self.env.main)
         if found is None:
             return 0
+        self.guard.skipped = list(found[1].get("skipped_nonfinite", []))  # the allowance is the run's, not the job's
         if ckpt.is_sharded(found[0]):
             start = ckpt.load_sharded(found[0], self.model, self.optimizer, self.scheduler)["step"]
         else:
@@ -272,7 +273,7 @@ class Trainer:
 
     def save(self, step: int) -> None:
         if self.fsdp:
-            state = {"fingerprint": self.fp, "world_size": self.env.world}
+            state = {"fingerprint": self.fp, "world_size": self.env.world, "skipped_nonfinite": self.guard.skipped}
             ckpt.save_sharded(
                 self.ckpt_root, step, self.model, self.optimizer, self.scheduler, state, self.t["keep_checkpoints"], self.env.main
             )
@@ -284,7 +285,7 @@ class Trainer:
                 self.model,
                 self.optimizer,
                 self.scheduler,
-                {"fingerprint": self.fp},
+                {"fingerprint": self.fp, "skipped_nonfinite": self.guard.skipped},
                 self.t["keep_checkpoints"],
             )
         self.env.barrier()
@@ -340,5 +341,7 @@ def main(argv: list[str] | None = None) -> None:
     args = trainer_parser("llmpipe torch-train", __doc__).parse_args(argv)
     try:
         train(cfgmod.load(args.config), args.init, args.data, args.checkpoints, args.metrics, args.out, args.stop_after)
-    except (NonFiniteError, CheckpointError) as exc:
+    except (NonFiniteError, CheckpointError, ValueError) as exc:  # ValueError: the setup's checks (view, batch)
+        if isinstance(exc, ValueError) and os.environ.get("LLMPIPE_DEBUG"):
+            raise
         raise SystemExit(f"llmpipe torch-train: {exc}") from None
