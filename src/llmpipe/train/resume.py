@@ -14,6 +14,7 @@ import json
 import logging
 from pathlib import Path
 
+from llmpipe.io import sha256_file
 from llmpipe.train.checkpoint import CheckpointError, complete_steps, newest_intact, step_dir
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ def init_sha256(init_dir: Path) -> str:
     h = hashlib.sha256()
     for name in sorted(p.name for p in init_dir.glob("*.safetensors")) + ["config.json"]:
         h.update(name.encode())
-        h.update(hashlib.sha256((init_dir / name).read_bytes()).digest())
+        h.update(bytes.fromhex(sha256_file(init_dir / name)))  # streamed: a 5 GB shard is not read into memory
     return h.hexdigest()
 
 
