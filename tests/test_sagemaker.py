@@ -304,6 +304,16 @@ def test_bad_names_and_hyperparameters_stop_before_any_call(aws, prepared, tmp_p
         check_settings(no_litgpt)
     with pytest.raises(SettingsError, match="sagemaker.image_uri"):
         check_settings(tiny_config(tmp_path, sagemaker={"mode": "image", "role_arn": ROLE, "s3_prefix": "s3://bucket1/p"}))
+    image = {
+        "mode": "image",
+        "role_arn": ROLE,
+        "s3_prefix": "s3://bucket1/p",
+        "image_uri": "123456789012.dkr.ecr.us-east-1.amazonaws.com/t:1",
+    }
+    for name in ("llmpipe_config", "processes_per_instance"):  # they replaced the config llmpipe sends the container
+        with pytest.raises(SettingsError, match=rf"may not set what llmpipe passes the container: {name}"):
+            check_settings(tiny_config(tmp_path, sagemaker={**image, "hyperparameters": {name: "1"}}))
+    check_settings(tiny_config(tmp_path, sagemaker={**image, "hyperparameters": {"my_flag": "1"}}))
 
 
 # --- status transitions, failure, timeout, interrupt: Stubber (a fake SageMaker) -------------------

@@ -49,10 +49,19 @@ def check_settings(config: dict) -> None:
             raise SettingsError("sagemaker.algorithm_name is for mode algorithm; mode image uses sagemaker.image_uri")
     if missing:
         raise SettingsError(f"sagemaker.mode {sm['mode']} needs: " + ", ".join(f"sagemaker.{k}" for k in missing))
+    if sm["mode"] == "image":
+        ours = sorted(set(sm["hyperparameters"]) & set(IMAGE_HYPERPARAMETERS))
+        if ours:
+            where = ", ".join(f"{k} ({IMAGE_HYPERPARAMETERS[k]})" for k in ours)
+            raise SettingsError(f"sagemaker.hyperparameters may not set what llmpipe passes the container: {where}")
     shadowed = sorted(set(sm["hyperparameters"]) & set(ALGORITHM_HYPERPARAMETERS))
     if shadowed:
         where = ", ".join(f"{k} (set {'.'.join(ALGORITHM_HYPERPARAMETERS[k])})" for k in shadowed)
         raise SettingsError(f"sagemaker.hyperparameters may not set the mapped hyperparameters: {where}")
+
+
+# What image mode passes its container (jobs.build_request), from the config.
+IMAGE_HYPERPARAMETERS = {"llmpipe_config": "the train and eval sections", "processes_per_instance": "parallel.nproc_per_node"}
 
 
 def settings_problems(config: dict) -> list[str]:
