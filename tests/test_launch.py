@@ -1,6 +1,7 @@
 """llmpipe.launch: the command for 1 process, N local processes, and srun + torchrun per Slurm node
 (pure functions; the real srun launch runs in test_slurm.py). Also the LLMPIPE_FAIL_ONCE test hook."""
 
+import os
 import subprocess
 import sys
 
@@ -223,3 +224,15 @@ def test_fail_once_hook_fails_exactly_the_named_command_once(tmp_path):
     first = run("check-config")
     assert first.returncode == 1 and "failing once on purpose" in first.stderr and marker.exists()
     assert run("check-config").returncode == 0
+
+
+def test_launch_without_scontrol(tmp_path):
+    """In a Slurm job whose container lacks scontrol: one node under launcher auto runs locally; srun (or
+    several nodes) says what is missing in one line, not a FileNotFoundError traceback."""
+    env = {**os.environ, "SLURM_JOB_ID": "77", "PATH": str(tmp_path)}  # no scontrol on PATH
+    cmd = [sys.executable, "-m", "llmpipe", "launch", "--dry-run", "--nproc-per-node", "2"]
+    one = subprocess.run([*cmd, "--", "-m", "x"], capture_output=True, text=True, env=env, timeout=60)
+    assert one.returncode == 0 and "torch.distributed.run --standalone --nproc_per_node 2 -m x" in one.stdout, one.stderr
+    two = subprocess.run([*cmd, "--nnodes", "2", "--", "-m", "x"], capture_output=True, text=True, env=env, timeout=60)
+    assert two.returncode != 0 and "Traceback" not in two.stderr
+    assert "llmpipe launch: scontrol not found: needed to read this Slurm job's nodes" in two.stderr

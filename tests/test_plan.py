@@ -245,3 +245,16 @@ def test_hub_tokenizer_source_is_read_from_the_run_that_downloaded_it(tmp_path):
     assert shape.vocab_size >= 50257 and where.endswith(str(tok))
     other = cfgmod.load({"run": "r", "results_dir": str(tmp_path), "tokenizer": {"source": "org/gpt2@v2"}})
     assert P.tokenizer_folder(other) is None and not P._tokenizer_matches(other, 0, tokenizer_sha256(GPT2))
+
+
+def test_store_counts_rows_from_the_manifest_or_its_folder(prepared):
+    """--store takes the token store's manifest.json or its folder (a folder was a bare IsADirectoryError):
+    rows are the store's train tokens in seq_len rows, as the packed view holds them."""
+    from llmpipe.plan.inputs import data_from_store
+
+    cfg, manifest = prepared["cfg"], prepared["manifest"]
+    train = json.loads(manifest.read_text())["totals"]["train"]["tokens"]
+    seq, view = cfg["train"]["seq_len"], json.loads((prepared["view"] / "view.json").read_text())["train"]["rows"]
+    for given in (manifest, manifest.parent):
+        data = data_from_store(given, cfg)
+        assert data["train_rows"] == P.rows_for(train, seq, cfg["data"]["remainder"]) == view

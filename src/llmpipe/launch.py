@@ -73,6 +73,19 @@ def slurm_allocation(env: Mapping[str, str], run: Callable[[list[str]], str] | N
     return Allocation(job_id, hosts, int(cpus) if cpus.isdigit() else None)
 
 
+def job_allocation(env: Mapping[str, str], launcher: str, nnodes: int) -> Allocation | None:
+    """slurm_allocation, where scontrol may be missing (a container a Slurm job started): one node under
+    launcher auto needs no allocation; otherwise a clear error."""
+    try:
+        return slurm_allocation(env)
+    except FileNotFoundError as exc:
+        if launcher == "auto" and nnodes == 1:
+            return None
+        raise LaunchError(
+            f"{exc.filename or 'scontrol'} not found: needed to read this Slurm job's nodes (run where Slurm's tools are)"
+        ) from None
+
+
 def rdzv_port(job_id: str, port: int | None = None) -> int:
     return port if port else 29500 + int(job_id) % 1000
 
@@ -245,7 +258,7 @@ def main(argv: list[str] | None = None) -> None:
         if opts.node_task:
             cmd = node_command(args, env, opts.nnodes, opts.nproc_per_node, opts.master)
         else:
-            alloc = None if opts.launcher == "local" else slurm_allocation(env)
+            alloc = None if opts.launcher == "local" else job_allocation(env, opts.launcher, opts.nnodes)
             cmd = plan(args, opts.nproc_per_node, opts.nnodes, opts.launcher, alloc, opts.port, auto_resume=opts.auto_resume)
             if cmd[0] == "srun":
                 env = srun_env(env)

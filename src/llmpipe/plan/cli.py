@@ -132,7 +132,9 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="llmpipe plan", description=PLAN_DOC, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", action="append", required=True, help="config file or inline JSON; repeat to overlay")
     p.add_argument("--view", help="packed hf view folder (view.json: counted tokens); default: this run's, if built")
-    p.add_argument("--store", help="token store manifest.json (counted before packing); default: this run's, if built")
+    p.add_argument(
+        "--store", help="token store manifest.json or its folder (counted before packing); default: this run's, if built"
+    )
     p.add_argument("--model", help="HF model folder or config.json; default: this run's checkpoints/init, if built")
     p.add_argument("--estimate", action="store_true", help="ignore this run's outputs: estimate tokens from the corpus")
     p.add_argument("--out", help="plan.json to write")
@@ -142,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         cfg = load_configs(args.config)
         plan = build(cfg, args.view, args.store, args.model, args.estimate, allow_unknown_data=True)
-    except (cfgmod.ConfigError, ValueError, FileNotFoundError) as exc:
+    except (cfgmod.ConfigError, ValueError, OSError) as exc:
         raise SystemExit(f"llmpipe plan: {exc}") from None
     text = markdown(plan)
     for w in plan["warnings"]:

@@ -51,6 +51,8 @@ def rows_for(tokens: int, seq_len: int, remainder: str) -> int:
 
 
 def data_from_store(manifest: Path, cfg: dict) -> dict:
+    """From the token store's manifest.json (or the store folder holding it)."""
+    manifest = manifest / "manifest.json" if manifest.is_dir() else manifest
     totals = json.loads(manifest.read_text())["totals"]
     seq_len = cfg["train"]["seq_len"]
     rows = rows_for(totals["train"]["tokens"], seq_len, cfg["data"]["remainder"])
