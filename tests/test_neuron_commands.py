@@ -249,7 +249,7 @@ def test_every_hyperparameter_reaches_the_trainer_or_is_refused(name, key, value
     assert float(flags[flag[kind]]) == value, (kind, flag[kind], flags[flag[kind]])
 
 
-def test_local_precompile_wraps_torchrun_and_s3_cache_uses_the_url():
+def test_local_precompile_wraps_torchrun_and_s3_cache_uses_the_url(tmp_path):
     cfg = preset(
         "llama-2-7b-trn1",
         train={"global_batch_size": 4, "launcher": "local"},
@@ -259,6 +259,12 @@ def test_local_precompile_wraps_torchrun_and_s3_cache_uses_the_url():
     args = commands.trainer_args(cfg, "init", "view", "ckpt", "m.json", "tb", "precompile")
     cmd = commands.command(cfg, args, None, "precompile", python="py")
     assert cmd[:6] == ["neuron_parallel_compile", "py", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node"]
+    # the wrapper of neuron.python's venv (not activated by the job), where it has one
+    venv = tmp_path / "venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "neuron_parallel_compile").write_text("#!/bin/sh\n")
+    cmd = commands.command(cfg, args, None, "precompile", python=str(venv / "python"))
+    assert cmd[:2] == [str(venv / "neuron_parallel_compile"), str(venv / "python")]
     env = commands.environment(cfg)
     assert env["NEURON_COMPILE_CACHE_URL"] == "s3://bucket/neuron-cache" and "--cache_dir" not in env["NEURON_CC_FLAGS"]
 
@@ -293,10 +299,10 @@ def test_local_precompile_wraps_torchrun_and_s3_cache_uses_the_url():
             dict(parallel={"activation_checkpointing": False}),
             "checkpoints selectively or every layer: parallel.activation_checkpointing False",
         ),
-        (
+        (  # run_llama_nxd.py (tp_pp) too: --use_selective_checkpoint 0 is "full", every layer (NxD 2.29)
             "llama-3-70b-trn1",
-            dict(parallel={"activation_checkpointing": True}),
-            "checkpoints selectively or not at all: parallel.activation_checkpointing True",
+            dict(parallel={"activation_checkpointing": False}),
+            "run_llama_nxd.py checkpoints selectively or every layer: parallel.activation_checkpointing False",
         ),
         (
             "llama-3-70b-trn1",
@@ -305,6 +311,8 @@ def test_local_precompile_wraps_torchrun_and_s3_cache_uses_the_url():
         ),
         ("llama-3-70b-trn1", dict(neuron={"fp32_optimizer": True}), "uses its AdamW's eps 1e-06 (hard-coded): train.eps 1e-08"),
         ("llama-3-70b-trn1", dict(neuron={"script": "tp_zero1"}), "neuron.script tp_zero1 has no pipeline"),
+        ("llama-2-7b-trn1", dict(train={"precision": "fp32"}), "train.precision fp32 cannot be honoured"),
+        ("llama-3-70b-trn1", dict(train={"skip_nonfinite_steps": 2}), "train.skip_nonfinite_steps 2 cannot be honoured"),
     ],
 )
 def test_unmappable_settings_are_refused(name, over, needle):

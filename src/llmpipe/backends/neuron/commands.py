@@ -113,12 +113,12 @@ def batch_plan(cfg: dict) -> dict:
         )
     if p["zero"] not in (0, 1):
         errs.append(f"{name} has ZeRO-1 or none: parallel.zero {p['zero']} cannot be honoured (set 0 or 1)")
-    full = {"tp_pp": True, "tp_zero1": False}[kind]  # tp_pp: selective or none; tp_zero1: selective or every layer
-    if p["activation_checkpointing"] == full:
+    # both scripts: selective, else "full" (run_llama_nxd.py: activation_checkpoint_config=... if
+    # use_selective_checkpoint > 0 else "full"; NxD's trainer then checkpoints every decoder layer)
+    if p["activation_checkpointing"] is False:
         errs.append(
-            f"{name} checkpoints {'selectively or not at all' if full else 'selectively or every layer'}: "
-            f"parallel.activation_checkpointing {p['activation_checkpointing']} cannot be honoured "
-            f"(set selective or {not full})"
+            f"{name} checkpoints selectively or every layer: parallel.activation_checkpointing False cannot be "
+            "honoured (set selective or true)"
         )
     if kind == "tp_zero1":
         if p["pp"] != 1 or n["vpp"] != 1:
@@ -139,6 +139,14 @@ def batch_plan(cfg: dict) -> dict:
         errs.append(f"{name} clips gradients at 1.0 (hard-coded): train.grad_clip {t['grad_clip']} cannot be honoured")
     if t["eps"] != adam_eps(cfg):
         errs.append(f"{name} uses its AdamW's eps {adam_eps(cfg):g} (hard-coded): train.eps {t['eps']:g} cannot be honoured")
+    if t["precision"] == "fp32":
+        errs.append(
+            f"{name} trains in bf16 (its recipe's mixed precision): train.precision fp32 cannot be honoured (set auto or bf16)"
+        )
+    if t["skip_nonfinite_steps"]:
+        errs.append(
+            f"{name} does not skip non-finite steps: train.skip_nonfinite_steps {t['skip_nonfinite_steps']} cannot be honoured (set 0)"
+        )
     if t["max_steps"] % t["save_interval"]:
         errs.append(
             f"{name} saves every --checkpoint_freq steps and not at the end: train.max_steps "
@@ -349,8 +357,15 @@ def command(cfg: dict, args: list[str], alloc: launch.Allocation | None, phase: 
     )
     if phase == "precompile":
         at = cmd.index(python)  # srun [options] PYTHON -m llmpipe launch --node-task ...  |  PYTHON -m torch.distributed.run ...
-        cmd = cmd[:at] + [COMPILE_WRAPPER] + cmd[at:]
+        cmd = cmd[:at] + [compile_wrapper(python)] + cmd[at:]
     return cmd
+
+
+def compile_wrapper(python: str) -> str:
+    """neuron_parallel_compile beside neuron.python (its venv, which the job does not activate), else by name
+    from PATH (where llmpipe doctor also looks)."""
+    beside = Path(python).parent / COMPILE_WRAPPER
+    return str(beside) if beside.is_file() else COMPILE_WRAPPER
 
 
 def render(env: dict[str, str], cmd: list[str]) -> str:
@@ -394,7 +409,8 @@ def main(argv: list[str] | None = None, phase: str = "train") -> None:
     try:
         targs = trainer_args(cfg, args.init, args.data, args.checkpoint_dir, args.metrics, args.tb_dir, phase)
         env = environment(cfg)
-        alloc = None if cfg["train"]["launcher"] == "local" else launch.slurm_allocation(os.environ)
+        t = cfg["train"]
+        alloc = None if t["launcher"] == "local" else launch.job_allocation(os.environ, t["launcher"], cfg["parallel"]["nnodes"])
         cmd = command(cfg, targs, alloc, phase)
         if args.dry_run:
             print(render(env, cmd), end="")
