@@ -16,7 +16,7 @@ import pytest
 import torch
 import yaml
 
-from tests.conftest import REPO, REPO_IGNORE, corpus_docs, write_jsonl
+from tests.conftest import REPO, REPO_IGNORE, corpus_docs, merge, write_jsonl
 
 VENV_PY = REPO / ".venvs" / "colossal" / "bin" / "python"
 SKIP = REPO_IGNORE
@@ -199,6 +199,61 @@ def test_cpu_refuses_gpu_only_layouts_by_name():
         check_layout({**base, "tp": 2}, 2, on_gpu=True)
     with pytest.raises(ValueError, match="not a multiple of parallel.tp x parallel.pp = 4"):
         check_layout({**base, "plugin": "3d", "tp": 2, "pp": 2}, 6, on_gpu=True)
+
+
+def test_config_refuses_what_colossalai_would_refuse_in_the_job():
+    """Read in ColossalAI 0.5.0, not run (GPU only): Gemini writes gradients into the bf16 weight chunks, so a
+    skipped non-finite step would leave them as weights; HybridParallelPlugin takes ZeRO 0 / 1 with pp > 1 and
+    its 1F1B schedule needs at least pp micro batches. Each is named at config time, not a job's traceback."""
+    from llmpipe import config as cfgmod
+
+    def problems(**over):
+        base = {"train": {"backend": "colossal", "global_batch_size": 8, "micro_batch_size": 2}}
+        try:
+            cfgmod.validate(merge(base, over))
+        except cfgmod.ConfigError as exc:
+            return str(exc)
+        return ""
+
+    assert "train.skip_nonfinite_steps 1 cannot be honoured" in problems(train={"skip_nonfinite_steps": 1})
+    assert problems(train={"skip_nonfinite_steps": 1}, colossal={"plugin": "zero2"}) == ""
+    pp = {"colossal": {"plugin": "3d"}, "parallel": {"pp": 4, "nproc_per_node": 8, "zero": 1}}
+    assert problems(**pp, train={"global_batch_size": 16}) == ""  # 16 rows / (micro 2 x dp 2): 4 micro batches
+    assert "parallel.pp 4 needs at least 4 micro batches a step, train.global_batch_size 8 gives 2" in problems(**pp)
+    zero2 = merge(pp, {"parallel": {"zero": 2}})
+    assert "parallel.pp 4 takes parallel.zero 0 or 1 (ColossalAI), not 2" in problems(**zero2, train={"global_batch_size": 16})
+
+
+def test_validation_runs_as_many_forwards_on_every_rank(prepared):
+    """Under Gemini every forward gathers the weights from all ranks, so a rank with fewer validation rows
+    hung the others: each rank now runs the same number of forwards, the extra ones on a row whose labels
+    count for nothing; the summed loss and count equal one pass over the split."""
+    from types import SimpleNamespace
+
+    from llmpipe.backends.colossal.train import Trainer
+    from llmpipe.train.view import load_view
+
+    _, val = load_view(prepared["view"], prepared["cfg"]["train"])
+    dp, size = 4, 2
+    assert len(val) % (dp * size), "pick dp x batch that does not divide the split"
+    seen = {}
+
+    def rank(r):
+        calls = seen.setdefault(r, [])
+
+        def forward(batch):
+            calls.append(batch)
+            return torch.tensor(1.0, dtype=torch.float64) * int((batch["labels"] != -100).sum()), (batch["labels"] != -100).sum()
+
+        lay = SimpleNamespace(dp_rank=r, dp_size=dp, sum_replicas=lambda x: x)
+        fake = SimpleNamespace(model=torch.nn.Linear(1, 1), device=torch.device("cpu"), val_ds=val, lay=lay, forward=forward)
+        fake.cfg = {"eval": {"batch_size": size}}
+        return Trainer.validate(fake)
+
+    results = [rank(r) for r in range(dp)]
+    assert len({len(c) for c in seen.values()}) == 1, {r: len(c) for r, c in seen.items()}
+    labelled = sum(int((torch.as_tensor(val[i]["labels"]) != -100).sum()) for i in range(len(val)))
+    assert sum(n for _, n in results) == labelled
 
 
 def test_resume_fingerprint_covers_the_parallel_layout(prepared):

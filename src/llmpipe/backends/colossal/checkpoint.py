@@ -11,6 +11,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from llmpipe.io import write_json
+from llmpipe.model.hf_compat import legacy_readable
 from llmpipe.train.checkpoint import prune, seal, step_dir
 
 log = logging.getLogger(__name__)
@@ -79,5 +80,6 @@ class Saver:
                 for f in tokenizer_dir.iterdir():
                     if f.is_file() and not f.name.startswith("."):
                         shutil.copy2(f, tmp / f.name)
+            legacy_readable(tmp)  # 4.x readers of this folder get the same RoPE and tokenizer class
             write_json(tmp / "train_summary.json", summary)
         self._publish(tmp, out)

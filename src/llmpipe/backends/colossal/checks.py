@@ -39,9 +39,36 @@ def layout_problems(cfg: dict) -> list[str]:
     plugin = cfg["colossal"]["plugin"]
     checkpointing = [True, False]  # no selective recompute here
     if plugin == "3d":
-        return refuse(cfg, "colossal (plugin 3d)", {"zero": [0, 1, 2], "activation_checkpointing": checkpointing})
+        return refuse(cfg, "colossal (plugin 3d)", {"zero": [0, 1, 2], "activation_checkpointing": checkpointing}) + (
+            pipeline_problems(cfg)
+        )
     allowed = {"tp": [1], "pp": [1], "zero": [PLUGIN_ZERO[plugin]], "activation_checkpointing": checkpointing}
-    return refuse(cfg, f"colossal (plugin {plugin}; tp, pp and a chosen zero need plugin 3d)", allowed)
+    out = refuse(cfg, f"colossal (plugin {plugin}; tp, pp and a chosen zero need plugin 3d)", allowed)
+    skips = cfg["train"]["skip_nonfinite_steps"]
+    if plugin.startswith("gemini") and skips:  # a skip would leave the gradients in the weights' chunks
+        out.append(
+            f"colossal.plugin {plugin} writes gradients into the bf16 weight chunks (reuse_fp16_chunk): a skipped step "
+            f"cannot be undone there; train.skip_nonfinite_steps {skips} cannot be honoured (set 0, or plugin zero2 / 3d)"
+        )
+    return out
+
+
+def pipeline_problems(cfg: dict) -> list[str]:
+    """What ColossalAI's HybridParallelPlugin refuses with pp > 1, named here before any job."""
+    p, t = cfg["parallel"], cfg["train"]
+    if p["pp"] == 1:
+        return []
+    out = []
+    if p["zero"] > 1:
+        out.append(f"colossal plugin 3d with parallel.pp {p['pp']} takes parallel.zero 0 or 1 (ColossalAI), not {p['zero']}")
+    dp = max(1, p["nproc_per_node"] * p["nnodes"] // (p["tp"] * p["pp"]))
+    micro_batches = t["global_batch_size"] // (t["micro_batch_size"] * dp)
+    if micro_batches < p["pp"]:
+        out.append(
+            f"parallel.pp {p['pp']} needs at least {p['pp']} micro batches a step, train.global_batch_size "
+            f"{t['global_batch_size']} gives {micro_batches} (micro_batch_size {t['micro_batch_size']} x data parallel {dp})"
+        )
+    return out
 
 
 def launcher_problems(cfg: dict) -> list[str]:

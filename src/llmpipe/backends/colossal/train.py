@@ -39,6 +39,7 @@ from llmpipe import config as cfgmod
 from llmpipe.backends.colossal.checkpoint import Saver, optimizer_name
 from llmpipe.backends.colossal.checks import layout_of
 from llmpipe.backends.colossal.collate import collate
+from llmpipe.data.pack import IGNORE_INDEX
 from llmpipe.train.batching import Sampler, grad_accum_steps
 from llmpipe.train.checkpoint import CheckpointError
 from llmpipe.train.cli import trainer_parser
@@ -387,6 +388,8 @@ class Trainer:
         optimizer = self.optimizer if gcount is not None else None
         if self.lay.pipeline:
             crit = PipelineLoss(self.device, micro * self.lay.dp_size / gcount if gcount is not None else 1.0)
+            if optimizer is not None:  # a validation batch (forward only) left its sizes in the 1F1B schedule
+                self.plugin.scheduler.num_microbatches = self.plugin.scheduler.last_batch_size = None
             self.booster.execute_pipeline(iter([batch]), self.model, crit, optimizer, return_loss=True)
             return crit.total, crit.count
         with self.lay.autocast(self.device):
@@ -427,8 +430,12 @@ class Trainer:
         total = torch.zeros((), dtype=torch.float64, device=self.device)
         count = torch.zeros((), dtype=torch.float64, device=self.device)
         rows, size = list(range(self.lay.dp_rank, len(self.val_ds), self.lay.dp_size)), self.cfg["eval"]["batch_size"]
-        for start in range(0, len(rows), size):
-            part, n = self.forward(to_device(collate(self.val_ds[rows[start : start + size]]), self.device))
+        most = -(-len(self.val_ds) // self.lay.dp_size)  # the rows of the rank with the most
+        for start in range(0, most, size):  # as many forwards on every rank: Gemini gathers weights in each
+            batch = collate(self.val_ds[rows[start : start + size] or [0]])
+            if start >= len(rows):  # this rank's rows ran out: a row that counts for nothing
+                batch["labels"] = torch.full_like(batch["labels"], IGNORE_INDEX)
+            part, n = self.forward(to_device(batch, self.device))
             total += part
             count += n
         self.model.train(was)
@@ -492,7 +499,9 @@ def main(argv: list[str] | None = None) -> None:
     cfg = cfgmod.load(args.config)
     try:
         train(cfg, args.init, args.data, args.checkpoints, args.metrics, args.out, args.tokenizer, args.stop_after)
-    except (NonFiniteError, CheckpointError) as exc:
+    except (NonFiniteError, CheckpointError, ValueError) as exc:  # ValueError: the setup's checks (layout, batch, view)
+        if isinstance(exc, ValueError) and os.environ.get("LLMPIPE_DEBUG"):
+            raise
         raise SystemExit(f"llmpipe colossal-train: {exc}") from None
     except torch.cuda.OutOfMemoryError as exc:
         fix = (
