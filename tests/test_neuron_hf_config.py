@@ -97,6 +97,12 @@ def test_init_checkpoint_reads_in_nxd_transformers_as_meant(tmp_path, name, prep
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # the data is separated with the tokenizer's EOS: generation must stop there, not at the base's
+    from transformers import AutoTokenizer
+
+    eos = AutoTokenizer.from_pretrained(str(tok)).eos_token_id
+    for name in ("config.json", "generation_config.json"):
+        assert json.loads((out / name).read_text())["eos_token_id"] == eos, name
     assert normalise(read_as_nxd(out)) == meant(small)
 
 
@@ -142,6 +148,14 @@ def test_new_model_from_preset_sizes_reads_as_meant(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = read_as_nxd(out)
+    # the tokenizer too: 5.x names its class TokenizersBackend, which 4.48 does not have
+    text = "Hello world, the 1984 edition — café"
+    read = "import sys\nfrom transformers import AutoTokenizer\nprint(AutoTokenizer.from_pretrained(sys.argv[1]).encode(sys.argv[2]))"
+    proc = subprocess.run([str(NXD_PY), "-c", read, str(out), text], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    from transformers import AutoTokenizer
+
+    assert proc.stdout.strip() == str(AutoTokenizer.from_pretrained(str(GPT2)).encode(text))
     written = json.loads((out / "config.json").read_text())
     assert got["rope_theta"] == preset["rope_theta"] == written["rope_parameters"]["rope_theta"]
     assert got["rope_scaling"] is None and got["tie_word_embeddings"] is True

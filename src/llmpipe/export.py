@@ -12,7 +12,7 @@ import torch
 from llmpipe import config as cfgmod
 from llmpipe.data.tokenizer import TokenizerMismatch, check_same_tokenizer, load_tokenizer
 from llmpipe.io import atomic_path
-from llmpipe.model.hf_compat import add_legacy_rope
+from llmpipe.model.hf_compat import legacy_readable
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +54,8 @@ def export(
         raise ValueError(f"{trained}: fewer embedding rows than tokenizer entries ({len(tok)})")
     with atomic_path(out_dir) as tmp:
         model.save_pretrained(str(tmp), safe_serialization=True)
-        add_legacy_rope(tmp)  # transformers 4.x readers get the same RoPE
         tok.save_pretrained(str(tmp))
+        legacy_readable(tmp)  # transformers 4.x readers get the same RoPE and a tokenizer class they have
     log.info("exported %s -> %s (%s, %d parameters)", trained, out_dir, dtype, model.num_parameters())
 
 

@@ -3,7 +3,9 @@
 transformers 5.x writes the RoPE settings only under `rope_parameters`; 4.x (NxD's examples pin 4.48.0,
 Levanter its own 4.x) reads top-level `rope_theta` and `rope_scaling`, and without them falls back to
 rope_theta 10000 and no scaling: a Llama-3 base would train with the wrong RoPE base. Every config.json
-we write carries both spellings.
+we write carries both spellings. Likewise 5.x names a fast tokenizer's class `TokenizersBackend` in
+tokenizer_config.json, a class 4.x does not have: the model folders we hand on name it
+`PreTrainedTokenizerFast`, which both read (the same tokenizer.json, the same ids).
 """
 
 from __future__ import annotations
@@ -30,3 +32,24 @@ def add_legacy_rope(folder: str | Path) -> None:
     path = Path(folder) / "config.json"
     conf = json.loads(path.read_text())
     path.write_text(json.dumps(with_legacy_rope(conf), indent=2, sort_keys=True) + "\n")
+
+
+LEGACY_TOKENIZER_CLASS = "PreTrainedTokenizerFast"
+
+
+def add_legacy_tokenizer_class(folder: str | Path) -> None:
+    """Rewrite folder/tokenizer_config.json in place (if any) with a tokenizer class 4.x knows."""
+    path = Path(folder) / "tokenizer_config.json"
+    if not path.is_file():
+        return
+    data = json.loads(path.read_text())
+    if data.get("tokenizer_class") in (None, "TokenizersBackend"):
+        data["tokenizer_class"] = LEGACY_TOKENIZER_CLASS
+        path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+
+
+def legacy_readable(folder: str | Path) -> None:
+    """A model folder older transformers read as we mean it: RoPE keys and tokenizer class (in place)."""
+    if (Path(folder) / "config.json").is_file():
+        add_legacy_rope(folder)
+    add_legacy_tokenizer_class(folder)

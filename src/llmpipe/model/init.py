@@ -11,7 +11,7 @@ import torch
 from llmpipe import config as cfgmod
 from llmpipe.data.tokenizer import load_tokenizer
 from llmpipe.io import atomic_path
-from llmpipe.model.hf_compat import add_legacy_rope
+from llmpipe.model.hf_compat import legacy_readable
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +83,21 @@ def load_base(base: str | Path, allow_pickle: bool):
         ) from None
 
 
+def match_special_tokens(model, tok) -> None:
+    """A base trained on with another tokenizer (one whose EOS is not among the base's): config and generation
+    config take that tokenizer's BOS / EOS / PAD ids, the ones the data is separated with, so generation stops
+    where the model learned to. With the base's own tokenizer its ids stay (Llama-3.1's list of EOS ids too)."""
+    eos = model.config.eos_token_id
+    if tok.eos_token_id is None or tok.eos_token_id in (eos if isinstance(eos, list) else [eos]):
+        return
+    ids = {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}
+    log.warning("the tokenizer is not the base model's: special token ids %s (the base had eos %s)", ids, eos)
+    for key, value in ids.items():
+        setattr(model.config, key, value)
+        if model.generation_config is not None:
+            setattr(model.generation_config, key, value)
+
+
 def init_model(cfg: dict, tokenizer_dir: str | Path, out_dir: str | Path) -> None:
     from transformers import LlamaForCausalLM
 
@@ -101,6 +116,7 @@ def init_model(cfg: dict, tokenizer_dir: str | Path, out_dir: str | Path) -> Non
                 cfg["train"]["seq_len"],
                 model.config.max_position_embeddings,
             )
+        match_special_tokens(model, tok)
         log.info("continuing from %s (%d parameters)", base, model.num_parameters())
     else:
         torch.manual_seed(cfg["train"]["seed"])
@@ -108,8 +124,8 @@ def init_model(cfg: dict, tokenizer_dir: str | Path, out_dir: str | Path) -> Non
         log.info("new Llama: %d parameters, vocab %d", model.num_parameters(), model.config.vocab_size)
     with atomic_path(out_dir) as tmp:
         model.save_pretrained(str(tmp))
-        add_legacy_rope(tmp)  # what NxD's transformers 4.48 reads (llmpipe/model/hf_compat.py)
         tok.save_pretrained(str(tmp))
+        legacy_readable(tmp)  # what NxD's transformers 4.48 reads (llmpipe/model/hf_compat.py)
 
 
 def main(argv: list[str] | None = None) -> None:

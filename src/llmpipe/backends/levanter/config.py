@@ -53,7 +53,7 @@ import yaml
 
 from llmpipe import config as cfgmod
 from llmpipe.io import atomic_path
-from llmpipe.model.hf_compat import with_legacy_rope
+from llmpipe.model.hf_compat import add_legacy_tokenizer_class, with_legacy_rope
 
 log = logging.getLogger(__name__)
 
@@ -99,12 +99,7 @@ def reference_folder(init: str | Path, tokenizer: str | Path, out: Path) -> None
     for f in tokenizer.iterdir():
         if f.is_file():
             (out / f.name).write_bytes(f.read_bytes())
-    tc = out / "tokenizer_config.json"
-    if tc.exists():
-        data = json.loads(tc.read_text())
-        if data.get("tokenizer_class") in (None, "TokenizersBackend"):
-            data["tokenizer_class"] = "PreTrainedTokenizerFast"
-        tc.write_text(json.dumps(data, indent=2))
+    add_legacy_tokenizer_class(out)
     for w in sorted(init.glob("*.safetensors")) + sorted(init.glob("*.safetensors.index.json")):
         (out / w.name).symlink_to(w)
 

@@ -394,17 +394,17 @@ def merge(
             (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
         from transformers import LlamaConfig
 
-        from llmpipe.model.hf_compat import add_legacy_rope
+        from llmpipe.model.hf_compat import legacy_readable
 
         config = LlamaConfig.from_dict(cfg)
         config.dtype = torch_dtype
         config.architectures = ["LlamaForCausalLM"]
         config.save_pretrained(str(tmp))
-        add_legacy_rope(tmp)
         if tokenizer:
             from llmpipe.data.tokenizer import load_tokenizer
 
             load_tokenizer(tokenizer).save_pretrained(str(tmp))
+        legacy_readable(tmp)
         summary = {
             "source": str(folder),
             "tag": tag,

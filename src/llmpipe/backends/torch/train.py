@@ -28,6 +28,7 @@ import torch.distributed as dist
 from llmpipe import config as cfgmod
 from llmpipe.backends.torch import checkpoint as ckpt
 from llmpipe.io import atomic_path, write_json
+from llmpipe.model.hf_compat import legacy_readable
 from llmpipe.train.batching import Sampler, grad_accum_steps
 from llmpipe.train.checkpoint import CheckpointError
 from llmpipe.train.cli import trainer_parser
@@ -312,6 +313,7 @@ class Trainer:
             return summary
         with atomic_path(out_dir) as tmp:
             self.model.save_pretrained(str(tmp), state_dict=state_dict)
+            legacy_readable(tmp)  # 4.x readers of this folder get the same RoPE
             write_json(tmp / "train_summary.json", summary)
         log.info("trained model -> %s (final val_loss %.4f)", out_dir, summary["final_val_loss"])
         return summary
