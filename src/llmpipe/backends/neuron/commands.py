@@ -416,6 +416,12 @@ def main(argv: list[str] | None = None, phase: str = "train") -> None:
             print(render(env, cmd), end="")
             return
         check_inputs(cfg, args.init, args.data, args.checkpoint_dir)
+        if phase == "train" and script_kind(cfg) == "tp_zero1" and t["resume"] and any(Path(args.checkpoint_dir).glob("step_*")):
+            log.warning(
+                "resuming with %s: it restores the step, weights and optimizer but reads the data from its start "
+                "again (its loop skips no batches; run_llama_nxd.py does): the first steps' sequences are seen twice",
+                Path(SCRIPTS["tp_zero1"]).name,
+            )
     except (NeuronConfigError, launch.LaunchError, subprocess.CalledProcessError) as exc:
         raise SystemExit(f"llmpipe neuron-{phase}: {exc}") from None
     print(render(env, cmd), file=sys.stderr, flush=True)
