@@ -39,13 +39,13 @@ from llmpipe import config as cfgmod
 from llmpipe.backends.colossal.checkpoint import Saver, optimizer_name
 from llmpipe.backends.colossal.checks import layout_of
 from llmpipe.backends.colossal.collate import collate
-from llmpipe.data.pack import IGNORE_INDEX
+from llmpipe.backends.colossal.steps import Layout, PipelineLoss, counts_nothing, to_device
 from llmpipe.train.batching import Sampler, grad_accum_steps
 from llmpipe.train.checkpoint import CheckpointError
 from llmpipe.train.cli import trainer_parser
 from llmpipe.train.guard import NonFiniteError, NonFiniteGuard
 from llmpipe.train.loop import StepLoop
-from llmpipe.train.loss import label_count, lm_loss_sum, logits_loss_sum
+from llmpipe.train.loss import label_count, lm_loss_sum
 from llmpipe.train.metrics import MetricsWriter
 from llmpipe.train.optim import build_optimizer
 from llmpipe.train.resume import fingerprint, resume_state
@@ -211,50 +211,6 @@ def resume_layout(c: dict) -> dict:
 
 
 # ---------------------------------------------------------------- the steps
-
-
-class Layout:
-    """Data-parallel rank and size (tp / pp ranks of one replica read the same rows)."""
-
-    def __init__(self, plugin, amp: bool):
-        group = getattr(plugin, "dp_group", None)
-        self.dp_rank = dist.get_rank(group) if group is not None else dist.get_rank()
-        self.dp_size = dist.get_world_size(group) if group is not None else dist.get_world_size()
-        self.pipeline = bool(getattr(plugin, "pp_size", 1) > 1)
-        stage = getattr(plugin, "stage_manager", None)
-        self.last_stage = stage.is_last_stage() if self.pipeline else True
-        self.amp = amp  # bf16 autocast: the ddp plugin (the other plugins cast the model themselves)
-        # Ranks holding the same value: the tp ranks of a replica (of its last stage, with pp).
-        self.copies = dist.get_world_size() // self.dp_size // (getattr(plugin, "pp_size", 1) if self.pipeline else 1)
-
-    def autocast(self, device: torch.device):
-        return torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.amp)
-
-    def sum_replicas(self, value: torch.Tensor) -> torch.Tensor:
-        """Sum over the world of a per-rank value, each data-parallel replica counted once."""
-        value = value.clone()
-        dist.all_reduce(value)
-        return value / self.copies
-
-
-class PipelineLoss:
-    """The criterion ColossalAI's pipeline schedule calls on the last stage, once a micro batch: adds up
-    the loss sum and the labelled count, and returns the loss to back-propagate (the sum x `scale`)."""
-
-    def __init__(self, device: torch.device, scale: float = 1.0):
-        self.scale = scale
-        self.total = torch.zeros((), dtype=torch.float64, device=device)
-        self.count = torch.zeros((), dtype=torch.float64, device=device)
-
-    def __call__(self, outputs, inputs: dict) -> torch.Tensor:
-        part, n = logits_loss_sum(outputs["logits"], inputs["labels"])
-        self.total += part.detach().double()
-        self.count += n
-        return part * self.scale
-
-
-def to_device(batch: dict, device: torch.device) -> dict:
-    return {k: v.to(device) for k, v in batch.items()}
 
 
 def load_model(init_dir: Path, attn: str, gradient_checkpointing: bool):
@@ -434,7 +390,7 @@ class Trainer:
         for start in range(0, most, size):  # as many forwards on every rank: Gemini gathers weights in each
             batch = collate(self.val_ds[rows[start : start + size] or [0]])
             if start >= len(rows):  # this rank's rows ran out: a row that counts for nothing
-                batch["labels"] = torch.full_like(batch["labels"], IGNORE_INDEX)
+                batch = counts_nothing(batch)
             part, n = self.forward(to_device(batch, self.device))
             total += part
             count += n
