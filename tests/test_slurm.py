@@ -579,7 +579,8 @@ def test_doctor_against_the_sandbox(slurm, tmp_path):
     nosuch = doctor("--profile", "slurm-local", "--quick", *where, "resources={default: {slurm_partition: nosuch}}")
     assert nosuch.returncode == 1, nosuch.stdout + nosuch.stderr[-3000:]
     assert problem_lines(nosuch) == [
-        "Slurm: partition 'nosuch' (default, train_torch) does not exist; sinfo lists ['local'] (fix: resources)"
+        # tokenize: named by the profile's set-threads, its CPUs checked against them (on the default partition)
+        "Slurm: partition 'nosuch' (default, tokenize, train_torch) does not exist; sinfo lists ['local'] (fix: resources)"
     ], nosuch.stdout
     assert "doctor: profile slurm-local: 1 problem(s)" in nosuch.stdout
 
