@@ -31,12 +31,13 @@ def download_dataset(
     text_field: str | None = None,
     endpoint: str | None = None,
 ) -> dict:
+    endpoint = endpoint.rstrip("/") if endpoint else None
     if endpoint:  # hub.endpoint: datasets and huggingface_hub read it once, when imported
-        os.environ["HF_ENDPOINT"] = endpoint.rstrip("/")
+        os.environ["HF_ENDPOINT"] = endpoint
     import datasets
     from huggingface_hub import constants
 
-    if endpoint and constants.ENDPOINT != endpoint.rstrip("/"):
+    if endpoint and constants.ENDPOINT != endpoint:
         raise HubError(f"hub.endpoint {endpoint}: huggingface_hub was imported before it was set (endpoint {constants.ENDPOINT})")
     out = Path(out)
     try:

@@ -46,6 +46,14 @@ class NonFiniteGuard:
             "the checkpoints hold finite weights: lower train.lr, check the data, or allow skips"
         )
 
+    def state(self) -> dict:
+        """What a checkpoint keeps of the guard: the steps skipped so far (the allowance is the run's)."""
+        return {"skipped_nonfinite": list(self.skipped)}
+
+    def restore(self, state: dict) -> None:
+        """Go on counting from a checkpoint's trainer state (an older checkpoint has none: none skipped)."""
+        self.skipped = list(state.get("skipped_nonfinite", []))
+
     def after_update(self, step: int, grad_norm: float | None) -> None:
         """A norm known only after the optimizer applied it (sharded optimizers): no skip can undo it, so
         a non-finite one stops training before anything is saved."""

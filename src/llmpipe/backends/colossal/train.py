@@ -275,7 +275,7 @@ class Trainer:
         if found is None:
             return 0
         path, state = found
-        self.guard.skipped = list(state.get("skipped_nonfinite", []))  # the allowance is the run's, not the job's
+        self.guard.restore(state)
         self.booster.load_model(self.model, str(path / "model"))
         self.booster.load_optimizer(self.optimizer, str(path / optimizer_name(self.saver.sharded)))
         self.booster.load_lr_scheduler(self.scheduler, str(path / "scheduler.pt"))
@@ -407,7 +407,7 @@ class Trainer:
             self.model,
             self.optimizer,
             self.scheduler,
-            {"fingerprint": self.fp, "skipped_nonfinite": self.guard.skipped},
+            {"fingerprint": self.fp, **self.guard.state()},
             self.t["keep_checkpoints"],
         )
 

@@ -137,12 +137,18 @@ NEUTRAL = {
 IDENTITY = ("llmpipe.data", "llmpipe.init_sha256")  # what was trained on, not settings
 
 
+def cache_info(lev: dict) -> dict:
+    """cache.json of the Levanter cache this config reads (levanter-cache: the store's fingerprint, token
+    counts); {} before it exists."""
+    info = Path(lev["data"]["cache_dir"]) / "cache.json"
+    return json.loads(info.read_text()) if info.exists() else {}
+
+
 def run_settings(lev: dict) -> dict:
     """What checkpoints must agree on: Levanter's settings (NEUTRAL and the tracker left out), the token
     store's fingerprint (cache.json) and, when continuing a model, its weights' digest."""
     want = {k: v for k, v in _flat(lev).items() if k not in NEUTRAL and not k.startswith("trainer.tracker")}
-    info = Path(lev["data"]["cache_dir"]) / "cache.json"
-    want["llmpipe.data"] = json.loads(info.read_text())["fingerprint"] if info.exists() else None
+    want["llmpipe.data"] = cache_info(lev).get("fingerprint")
     if lev.get("initialize_from_hf"):
         want["llmpipe.init_sha256"] = init_sha256(Path(lev["initialize_from_hf"]))
     return want
@@ -185,8 +191,8 @@ def start_afresh(lev: dict) -> None:
 
 def records_for(lev: dict, metrics: str | Path | None) -> LoggerRecords:
     # epoch = sequences trained / the train split's sequences (Levanter cuts the token stream into seq_len rows)
-    cache_info = Path(lev["data"]["cache_dir"]) / "cache.json"
-    train_tokens = json.loads(cache_info.read_text())["splits"]["train"]["tokens"] if cache_info.exists() else 0
+    info = cache_info(lev)
+    train_tokens = info["splits"]["train"]["tokens"] if info else 0
     return LoggerRecords(
         Path(metrics) if metrics else None, lev["trainer"]["train_batch_size"], train_tokens // lev["train_seq_len"]
     )

@@ -171,7 +171,7 @@ class Trainer:
         found = resume_state(self.ckpt_root, self.t, self.fp, self.env.main)
         if found is None:
             return 0
-        self.guard.skipped = list(found[1].get("skipped_nonfinite", []))  # the allowance is the run's, not the job's
+        self.guard.restore(found[1])
         if ckpt.is_sharded(found[0]):
             start = ckpt.load_sharded(found[0], self.model, self.optimizer, self.scheduler)["step"]
         else:
@@ -273,22 +273,21 @@ class Trainer:
         return val  # under FSDP2 on every rank, so that every rank agrees whether finish() validates again
 
     def save(self, step: int) -> None:
+        state = {"fingerprint": self.fp, **self.guard.state()}
         if self.fsdp:
-            state = {"fingerprint": self.fp, "world_size": self.env.world, "skipped_nonfinite": self.guard.skipped}
             ckpt.save_sharded(
-                self.ckpt_root, step, self.model, self.optimizer, self.scheduler, state, self.t["keep_checkpoints"], self.env.main
-            )
-            return
-        if self.env.main:
-            ckpt.save(
                 self.ckpt_root,
                 step,
                 self.model,
                 self.optimizer,
                 self.scheduler,
-                {"fingerprint": self.fp, "skipped_nonfinite": self.guard.skipped},
+                {**state, "world_size": self.env.world},
                 self.t["keep_checkpoints"],
+                self.env.main,
             )
+            return
+        if self.env.main:
+            ckpt.save(self.ckpt_root, step, self.model, self.optimizer, self.scheduler, state, self.t["keep_checkpoints"])
         self.env.barrier()
 
     def finish(self, out_dir: Path, start: int, last_val: float | None) -> dict:
