@@ -290,3 +290,27 @@ def test_metrics_writer_of_every_trainer_copes_with_a_line_cut_short(tmp_path):
         assert records[-1] == {"step": 3, "loss": None, "nonfinite": ["loss"]}
         (tmp_path / "lev.jsonl").write_text(whole + '{"step": 4, "lo')
         assert sorted(LoggerRecords(tmp_path / "lev.jsonl").records) == [1, 2, 3]
+
+
+def test_tensorboard_after_a_resume_shows_each_step_once(tmp_path):
+    """A run killed after step 4 and resumed from step 2 writes steps 3-4 again; TensorBoard (its own
+    reader) shows steps 1-4 once each, 3 and 4 with the resumed run's values; a fresh start hides them all."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from llmpipe.train.metrics import MetricsWriter
+
+    path = tmp_path / "train" / "metrics.jsonl"
+    path.parent.mkdir()
+
+    def run(resume_step: int, steps, loss):
+        writer = MetricsWriter(path, resume_step, True, tensorboard=True)
+        for s in steps:
+            writer.write({"step": s, "loss": loss(s)})
+        writer.close()
+        events = EventAccumulator(str(path.parent / "tensorboard"))
+        events.Reload()
+        return [(e.step, round(e.value, 3)) for e in events.Scalars("loss")]
+
+    assert run(0, [1, 2, 3, 4], lambda s: 10.0 + s) == [(1, 11.0), (2, 12.0), (3, 13.0), (4, 14.0)]
+    assert run(2, [3, 4], lambda s: 20.0 + s) == [(1, 11.0), (2, 12.0), (3, 23.0), (4, 24.0)]
+    assert run(0, [1], lambda s: 30.0 + s) == [(1, 31.0)]

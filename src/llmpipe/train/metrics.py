@@ -46,7 +46,7 @@ def write_records(path: Path, records: list[dict], sort_keys: bool = False) -> N
 class MetricsWriter:
     """Appends one record a step (rank 0 only: `enabled`); on start keeps the existing lines up to
     `resume_step` and drops the rest. tensorboard=True also mirrors numbers to <dir>/tensorboard when
-    TensorBoard is installed."""
+    TensorBoard is installed, hiding an earlier run's events after `resume_step` (its purge_step)."""
 
     def __init__(self, path: Path, resume_step: int = 0, enabled: bool = True, tensorboard: bool = False):
         self.path, self.enabled, self.tb = Path(path), enabled, None
@@ -56,7 +56,7 @@ class MetricsWriter:
         with atomic_path(self.path) as tmp:
             tmp.write_text("".join(line + "\n" for line in kept))
         if tensorboard:
-            self.tb = _summary_writer(self.path)
+            self.tb = _summary_writer(self.path, resume_step)
 
     def write(self, record: dict) -> None:
         if not self.enabled:
@@ -73,11 +73,12 @@ class MetricsWriter:
             self.tb.close()
 
 
-def _summary_writer(metrics: Path):
-    """A TensorBoard writer into <metrics dir>/tensorboard, or None when TensorBoard is not installed."""
+def _summary_writer(metrics: Path, resume_step: int):
+    """A TensorBoard writer into <metrics dir>/tensorboard, or None when TensorBoard is not installed.
+    TensorBoard drops the events of steps after `resume_step` that earlier writers left there."""
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
         log.info("tensorboard not installed: metrics go to %s only", metrics)
         return None
-    return SummaryWriter(str(metrics.parent / "tensorboard"))
+    return SummaryWriter(str(metrics.parent / "tensorboard"), purge_step=resume_step + 1)
