@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from llmpipe.model.hf_compat import with_legacy_rope
+from llmpipe.model.hf_compat import with_legacy_keys
 from tests.conftest import GPT2, REPO
 
 NXD_PY = REPO / ".venvs" / "nxd-hf" / "bin" / "python"
@@ -171,8 +171,23 @@ def test_legacy_keys_follow_rope_parameters():
         "high_freq_factor": 4.0,
         "original_max_position_embeddings": 8192,
     }
-    out = with_legacy_rope({"rope_parameters": llama3, "vocab_size": 7})
+    out = with_legacy_keys({"rope_parameters": llama3, "vocab_size": 7})
     assert out["rope_theta"] == 500000.0 and out["vocab_size"] == 7
     assert out["rope_scaling"] == {**{k: v for k, v in llama3.items() if k != "rope_theta"}, "type": "llama3"}
-    assert with_legacy_rope({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}})["rope_scaling"] is None
-    assert with_legacy_rope({"rope_theta": 1e4}) == {"rope_theta": 1e4}  # already 4.x style: untouched
+    assert with_legacy_keys({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}})["rope_scaling"] is None
+    assert with_legacy_keys({"rope_theta": 1e4}) == {"rope_theta": 1e4}  # already 4.x style: untouched
+
+
+def test_export_dtype_reads_as_torch_dtype_in_4x(tmp_path, prepared):
+    """transformers 5.x writes the weights' dtype as `dtype`; 4.48 (and servers on 4.x choosing dtype
+    "auto") read `torch_dtype`: a bfloat16 export names bfloat16 under both."""
+    from llmpipe.export import export
+
+    export(prepared["init"], prepared["tokenizer"], tmp_path / "hf", "bfloat16")
+    written = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert written["dtype"] == "bfloat16"
+    read = "import sys\nfrom transformers import LlamaConfig\nprint(LlamaConfig.from_pretrained(sys.argv[1]).torch_dtype)"
+    read_as_nxd(tmp_path / "hf")  # the 4.48 env is there (skips or fails as the other tests do)
+    proc = subprocess.run([str(NXD_PY), "-c", read, str(tmp_path / "hf")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "bfloat16"

@@ -53,7 +53,7 @@ import yaml
 
 from llmpipe import config as cfgmod
 from llmpipe.io import atomic_path
-from llmpipe.model.hf_compat import add_legacy_tokenizer_class, with_legacy_rope
+from llmpipe.model.hf_compat import add_legacy_tokenizer_class, with_legacy_keys
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ def reference_folder(init: str | Path, tokenizer: str | Path, out: Path) -> None
     rope_scaling: the 4.x names), the tokenizer with a tokenizer class 4.x knows, and links to the init weights."""
     init, tokenizer = Path(init).resolve(), Path(tokenizer).resolve()
     out.mkdir(parents=True)
-    conf = with_legacy_rope(json.loads((init / "config.json").read_text()))
+    conf = with_legacy_keys(json.loads((init / "config.json").read_text()))
     (out / "config.json").write_text(json.dumps(conf, indent=2))
     for f in tokenizer.iterdir():
         if f.is_file():
