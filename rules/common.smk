@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 from llmpipe import backends, overrides, profiles, run_identity
 from llmpipe.config import ConfigError, validate
 from llmpipe.data.mixture import is_mixture, paths as source_paths
-from llmpipe.data.pack_views import VIEW_KEYS
+from llmpipe.data.pack_views import FORMAT_KEYS, PACKED, VIEW_KEYS
 from llmpipe.data.readers import HF_PREFIX
 from llmpipe.data.tokenizer import TOKENIZER_FILES
 from llmpipe.data.tokenize import num_jobs as tokenize_jobs, shards_per_job
@@ -45,7 +45,8 @@ if workflow.is_main_process:  # cluster jobs run under the identity their main p
 BACKEND = config["train"]["backend"]  # validated: one of llmpipe.backends.available()
 BACKEND_RULES = str(backends.get(BACKEND).rules_file())
 if BACKEND in ("torch", "colossal"):  # before Snakemake deletes the old model to train again
-    _changed = changed_settings(config, Path(RUN) / "checkpoints" / BACKEND, config["run"])
+    _sections = (backends.get(BACKEND).resume_sections or (lambda cfg: {}))(config)
+    _changed = changed_settings(config, Path(RUN) / "checkpoints" / BACKEND, config["run"], _sections)
     if _changed:
         raise WorkflowError(_changed)
 
@@ -69,6 +70,15 @@ def cfg_json(*keys, drop=()):
             out[section] = {k: v for k, v in value.items() if f"{section}.{k}" not in drop} if isinstance(value, dict) else value
     text = json.dumps(out, sort_keys=True)
     return lambda wildcards: text  # a function: Snakemake must not read {...} in values as wildcards
+
+
+def view_cfg(wildcards):
+    """pack's config for one view format: only what its files depend on (pack_views.FORMAT_KEYS), so a
+    setting of another format neither reruns it nor changes its fingerprint."""
+    fmt = wildcards.fmt
+    train = {"seq_len": config["train"]["seq_len"]} if fmt in PACKED else {}
+    data = {k: config["data"][k] for k in FORMAT_KEYS[fmt]}
+    return json.dumps({"run": config["run"], "data": data, "train": train}, sort_keys=True)
 
 
 def local_corpus():

@@ -260,12 +260,14 @@ def test_resume_fingerprint_covers_the_parallel_layout(prepared):
     """A checkpoint resumes only under the same recipe and layout; gemini_auto (the OOM fallback)
     resumes gemini's checkpoints; launch-only keys do not matter."""
     from llmpipe import config as cfgmod
-    from llmpipe.backends.colossal.checks import layout_of
-    from llmpipe.backends.colossal.train import resume_layout
+    from llmpipe.backends import get
+    from llmpipe.backends.colossal.checks import layout_of, resume_layout
     from llmpipe.train.resume import fingerprint
 
-    def fingerprint_of(cfg):  # what the colossal trainer records and checks
-        return fingerprint(cfg, prepared["init"], prepared["view"], colossal=resume_layout(layout_of(cfg)))
+    def fingerprint_of(cfg):  # what the colossal trainer records and checks (and the workflow before any job)
+        sections = get("colossal").resume_sections(cfg)
+        assert sections == {"colossal": resume_layout(layout_of(cfg))}
+        return fingerprint(cfg, prepared["init"], prepared["view"], **sections)
 
     def fp(parallel=None, **colossal):
         return fingerprint_of(

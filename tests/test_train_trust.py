@@ -189,6 +189,16 @@ def test_changed_hyperparameter_stops_before_any_job_and_deletes_nothing(tmp_pat
     assert "run 'default' has checkpoints trained with other settings (step_00000002: train.lr 0.003 -> 0.001)" in text
     assert "--config run=NEW" in text and "train: {resume: false} in your --configfile" in text
     assert sorted(p.name for p in (work / final).iterdir()) == before  # the old model is still there
+    # FSDP2 (parallel.zero 3) cannot resume DDP's checkpoints: the backend's layout is checked there too
+    cfg["train"]["lr"], cfg["parallel"] = 3.0e-3, {"zero": 3}
+    (work / "c.yaml").write_text(yaml.safe_dump(cfg))
+    proc = snakemake()
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "(step_00000002: torch.zero None -> 3); nothing was deleted" in text, text[-3000:]
+    assert sorted(p.name for p in (work / final).iterdir()) == before
+    cfg["train"]["lr"] = 1.0e-3
+    del cfg["parallel"]
+    (work / "c.yaml").write_text(yaml.safe_dump(cfg))
     other = subprocess.run(
         [
             sys.executable,

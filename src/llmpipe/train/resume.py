@@ -134,18 +134,17 @@ def changed_inputs(root: Path, init_dir: Path, view_dir: Path, run: str) -> str 
     )
 
 
-def changed_settings(cfg: dict, root: Path, run: str) -> str | None:
-    """One line naming the train.* keys that differ from the run's newest checkpoint, with the two ways
-    out; None when they agree, there is none, or train.resume is false."""
+def changed_settings(cfg: dict, root: Path, run: str, sections: dict | None = None) -> str | None:
+    """One line naming the train.* keys and backend `sections` keys (Backend.resume_sections: the layout)
+    that differ from the run's newest checkpoint, with the two ways out; None when they agree, there is
+    none, or train.resume is false."""
     found = newest_state(root) if cfg["train"]["resume"] else None
     if found is None or "fingerprint" not in found[1]:
         return None
     path, state = found
-    old, new = state["fingerprint"].get("train", {}), train_settings(cfg)
-    diff = [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+    old = {k: v for k, v in state["fingerprint"].items() if k not in IDENTITY}
+    diff = changed_keys(old, {"train": train_settings(cfg), **(sections or {})})
     if not diff:
         return None
-    return (
-        f"run {run!r} has checkpoints trained with other settings ({path.name}: train.{'; train.'.join(diff)}); "
-        f"nothing was deleted. {WAYS_OUT}"
-    )
+    named = "; ".join(f"{k if '.' in k else f'train.{k}'} {a!r} -> {b!r}" for k, (a, b) in diff.items())
+    return f"run {run!r} has checkpoints trained with other settings ({path.name}: {named}); nothing was deleted. {WAYS_OUT}"

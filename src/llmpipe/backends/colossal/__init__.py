@@ -17,6 +17,12 @@ def _parallel_defaults(cfg: dict) -> dict:
     return parallel_defaults(cfg)
 
 
+def _resume_sections(cfg: dict) -> dict:
+    from llmpipe.backends.colossal.checks import resume_sections
+
+    return resume_sections(cfg)
+
+
 BACKEND = Backend(
     name="colossal",
     doc="ColossalAI Booster (Gemini, ZeRO, 3D) on GPUs, in its own environment",
@@ -33,4 +39,5 @@ BACKEND = Backend(
     section_schema=Path(__file__).with_name("schema.yaml"),
     checks=_checks,
     parallel_defaults=_parallel_defaults,
+    resume_sections=_resume_sections,
 )

@@ -31,6 +31,19 @@ def layout_of(cfg: dict) -> dict:
     }
 
 
+def resume_layout(c: dict) -> dict:
+    """The colossal.* part of the resume fingerprint (`c`: layout_of): a checkpoint resumes only under the
+    same layout; gemini_auto holds the same state as gemini (switching after an OOM resumes)."""
+    layout = {k: c[k] for k in ("plugin", "tp", "pp", "zero_stage")}
+    if layout["plugin"] == "gemini_auto":
+        layout["plugin"] = "gemini"
+    return layout
+
+
+def resume_sections(cfg: dict) -> dict:
+    return {"colossal": resume_layout(layout_of(cfg))}
+
+
 def problems(cfg: dict) -> list[str]:
     return layout_problems(cfg) + launcher_problems(cfg)
 

@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 from llmpipe import config as cfgmod
 from llmpipe.backends.colossal.checkpoint import Saver, optimizer_name
-from llmpipe.backends.colossal.checks import layout_of
+from llmpipe.backends.colossal.checks import layout_of, resume_layout
 from llmpipe.backends.colossal.collate import collate
 from llmpipe.backends.colossal.steps import Layout, PipelineLoss, counts_nothing, to_device
 from llmpipe.train.batching import Sampler, grad_accum_steps
@@ -199,15 +199,6 @@ def optimizer_kind(on_gpu: bool) -> tuple[type, dict]:
 
         return HybridAdam, {"adamw_mode": True}
     return torch.optim.AdamW, {}
-
-
-def resume_layout(c: dict) -> dict:
-    """The colossal.* part of the resume fingerprint: a checkpoint resumes only under the same layout;
-    gemini_auto holds the same state as gemini (switching after an OOM resumes)."""
-    layout = {k: c[k] for k in ("plugin", "tp", "pp", "zero_stage")}
-    if layout["plugin"] == "gemini_auto":
-        layout["plugin"] = "gemini"
-    return layout
 
 
 # ---------------------------------------------------------------- the steps

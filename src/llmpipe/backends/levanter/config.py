@@ -36,7 +36,7 @@ The mapping (the one place it lives; README "TPU path with Levanter" repeats it)
 
 Data: one cached component read from the levanter cache (no sources: Levanter never tokenizes), causal
 attention over the whole packed row (data.block_cross_document_attention: false), as the torch backend
-trains and our evaluate rule scores. Metrics: json_logger tracker (parsed by `llmpipe levanter-train`).
+trains and our evaluate rule scores with train.document_masking false (not their default, auto). Metrics: json_logger tracker (parsed by `llmpipe levanter-train`).
 """
 
 from __future__ import annotations

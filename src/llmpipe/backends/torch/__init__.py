@@ -15,6 +15,11 @@ def _checks(cfg: dict) -> list[str]:
     return out
 
 
+def _resume_sections(cfg: dict) -> dict:
+    """FSDP2 checkpoints are DCP shards, DDP's whole safetensors: neither resumes the other."""
+    return {"torch": {"zero": 3}} if (cfg.get("parallel", {}).get("zero") or 0) == 3 else {}
+
+
 BACKEND = Backend(
     name="torch",
     doc="plain PyTorch: DDP or FSDP2 (parallel.zero 3) under torchrun, srun + torchrun per node on Slurm",
@@ -23,4 +28,5 @@ BACKEND = Backend(
     checks=_checks,
     parallel_defaults=lambda cfg: {"nproc_per_node": 1},
     document_masking=True,
+    resume_sections=_resume_sections,
 )

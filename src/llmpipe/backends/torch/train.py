@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from llmpipe import config as cfgmod
-from llmpipe.backends.torch import checkpoint as ckpt
+from llmpipe.backends.torch import BACKEND, checkpoint as ckpt
 from llmpipe.io import atomic_path, write_json
 from llmpipe.model.hf_compat import legacy_readable
 from llmpipe.train.batching import Sampler, grad_accum_steps
@@ -158,8 +158,7 @@ class Trainer:
         if self.shard:  # shard before the optimizer sees the parameters (it holds the shards)
             fully_shard_model(self.model, self.amp)
         self.optimizer, self.scheduler = build_optimizer(self.model, t)
-        # FSDP2 checkpoints are DCP shards, DDP's whole safetensors: neither resumes the other.
-        self.fp = fingerprint(cfg, init_dir, data_dir, **({"torch": {"zero": 3}} if self.fsdp else {}))
+        self.fp = fingerprint(cfg, init_dir, data_dir, **BACKEND.resume_sections(cfg))
         self.guard = NonFiniteGuard(t["skip_nonfinite_steps"])
         self.ddp = None
         self.net = self.model  # what the training forward calls: DDP's wrapper and/or the compiled module
