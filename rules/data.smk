@@ -5,6 +5,8 @@
 # data keys only pack and verify read: the steps before them are not given them, so a change there reruns
 # only what reads it (tests/test_workflow.py)
 VIEW_ONLY = tuple(f"data.{k}" for k in (*VIEW_KEYS, "views", "verify_sample"))
+# view keys only formats this run does not build read: verify is not given them either
+UNBUILT = tuple(f"data.{k}" for k in VIEW_KEYS if all(k not in FORMAT_KEYS[f] for f in VIEWS))
 
 
 rule get_data:
@@ -93,7 +95,7 @@ rule pack_view:
     conda:
         "../envs/torch.yaml"
     params:
-        cfg=cfg_json("run", "data", "train.seq_len", drop=("data.views", "data.verify_sample")),
+        cfg=view_cfg,
     shell:
         "python -m llmpipe pack --config {params.cfg:q} --store {input.store:q} --format {wildcards.fmt:q}"
         " --tokenizer {input.tokenizer:q} --out {output:q} > {log:q} 2>&1"
@@ -112,7 +114,7 @@ rule verify_data:
     conda:
         "../envs/torch.yaml"
     params:
-        cfg=cfg_json("data"),
+        cfg=cfg_json("data", drop=UNBUILT),
         sample=config["data"]["verify_sample"],
     shell:
         "python -m llmpipe verify --config {params.cfg:q} --store {input.store:q} --views {input.views:q}"

@@ -14,6 +14,7 @@ from llmpipe.data.token_store import TokenStore, build_manifest
 from llmpipe.data.tokenize import tokenize_shard
 from llmpipe.data.tokenizer import copy_tokenizer
 from llmpipe.data.verify import VerifyError, verify
+from llmpipe.report import data_page
 from tests.conftest import GPT2, SHARED_DATA, corpus_docs, merge, prepare, tiny_config, write_jsonl
 
 LLAMA3 = SHARED_DATA / "tokenizers" / "llama3"
@@ -265,6 +266,12 @@ def test_megatron_view_holds_every_document_and_loads_in_megatron_core(tmp_path,
         sample=0,
     )
     assert stats["views"]["megatron"]["conservation"]["train"]["tokens_checked"] == stats["tokens"]["train"]
+    page = data_page(stats)  # the report's data page (report_items) shows a megatron view as documents
+    for split in ("train", "val"):
+        assert (
+            f"<td>megatron</td><td>{split}</td><td>{info[split]['documents']:,} documents</td><td>{info[split]['tokens']:,}</td>"
+            in page
+        )
     bin_file = tmp_path / "mg" / "val_text_document.bin"  # a changed token is caught
     raw = bytearray(bin_file.read_bytes())
     raw[2:4] = struct.pack("<H", (struct.unpack("<H", raw[2:4])[0] + 1) % 500)
@@ -393,3 +400,50 @@ def test_more_shards_than_documents_pack_and_verify(tmp_path):
         assert sum(1 for s in manifest["shards"] if s["counts"]["train"]["documents"] == 0) >= (40 - 12 if n == 40 else 0)
         stores[n] = (manifest["totals"], stats["views"]["hf"]["conservation"]["train"]["tokens_checked"])
     assert stores[1] == stores[40]
+
+
+def test_a_views_fingerprint_follows_only_its_own_settings(tmp_path, prepared):
+    """A run resumes on its view's fingerprint: a setting of another format (litgpt's file size for the hf
+    view; packing settings for megatron's whole documents) leaves the files and the fingerprint alone, and
+    verify accepts them; a setting of the format itself changes it."""
+
+    def fingerprint(fmt, name, data=None, seq_len=None):
+        cfg = merge(prepared["cfg"], {"data": data or {}, "train": {"seq_len": seq_len or prepared["cfg"]["train"]["seq_len"]}})
+        return build_view(prepared["manifest"], fmt, tmp_path / name, cfg)["fingerprint"]
+
+    hf = fingerprint("hf", "hf")
+    assert fingerprint("hf", "hf-lit", {"litgpt_sequences_per_file": 7}) == hf
+    assert fingerprint("hf", "hf-seg", {"segment_ids": not prepared["cfg"]["data"]["segment_ids"]}) != hf
+    lit = fingerprint("litgpt", "lit")
+    assert fingerprint("litgpt", "lit-seg", {"segment_ids": not prepared["cfg"]["data"]["segment_ids"]}) == lit
+    assert fingerprint("litgpt", "lit-7", {"litgpt_sequences_per_file": 7}) != lit
+    mg = fingerprint("megatron", "mg")
+    assert fingerprint("megatron", "mg-2", {"remainder": "pad", "shuffle": False}, seq_len=17) == mg
+    for a, b in (("hf", "hf-lit"), ("mg", "mg-2")):
+        assert [p.read_bytes() for p in sorted((tmp_path / a).rglob("*")) if p.is_file()] == [
+            p.read_bytes() for p in sorted((tmp_path / b).rglob("*")) if p.is_file()
+        ], (a, b)
+    other = {**prepared["cfg"]["data"], "litgpt_sequences_per_file": 7}  # pack's and verify's config now
+    views = [tmp_path / "hf", tmp_path / "mg-2"]
+    verify(
+        prepared["manifest"],
+        views,
+        prepared["tokenizer"],
+        prepared["root"] / "sources.json",
+        other,
+        tmp_path / "s.json",
+        sample=0,
+    )
+
+
+def test_megatron_refuses_an_empty_split(tmp_path):
+    """4 documents at val_fraction 0.01 leave val empty: the megatron view says so, as hf and litgpt do,
+    instead of a 0-byte .bin that megatron-core cannot map."""
+
+    write_jsonl(tmp_path / "corpus.jsonl", [f"Document {i} of four, a few words long." for i in range(4)])
+    cfg = tiny_config(tmp_path, data={"val_fraction": 0.01, "num_shards": 1}, tokenizer={"source": str(GPT2)})
+    prepared = prepare(tmp_path, cfg, views=())
+    assert TokenStore(prepared["manifest"]).manifest["totals"]["val"]["documents"] == 0
+    with pytest.raises(ValueError, match="val split has no documents"):
+        build_view(prepared["manifest"], "megatron", tmp_path / "mg", cfg)
+    assert not (tmp_path / "mg").exists()

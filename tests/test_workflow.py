@@ -112,6 +112,9 @@ def test_embedded_default_end_to_end(workdir):
         assert dry.returncode == 0 and f"rule {first}:" in dry.stdout, dry.stdout[-2000:] + dry.stderr[-2000:]
         for rule in ("get_data", "tokenizer", "tokenize", "token_store") + (("pack_view",) if first == "verify_data" else ()):
             assert f"rule {rule}:" not in dry.stdout, (setting, rule)
+    # a setting of a view this run does not build (litgpt's file size; views: [hf]) reruns nothing
+    other = snakemake(workdir, "-n", "--config", "data={litgpt_sequences_per_file: 7}", timeout=120)
+    assert other.returncode == 0 and "Nothing to be done" in other.stdout + other.stderr, other.stdout[-2000:]
 
     # a changed tokenizer in the same run folder stops before any job (run-identity.json), naming the way out
     (workdir / "smaller-vocab.yaml").write_text("tokenizer: {vocab_size: 2048}\n")

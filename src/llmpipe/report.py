@@ -140,20 +140,24 @@ def data_page(stats: dict) -> str:
     views = []
     for fmt, v in stats.get("views", {}).items():
         for split in ("train", "val"):
-            if split in v:
-                s = v[split]
-                views.append(
-                    (
-                        fmt,
-                        split,
-                        f"{s['rows']:,}",
-                        f"{s['tokens_in']:,}",
-                        f"{s['tokens_packed']:,}",
-                        f"{s['dropped_tokens']:,}",
-                        f"{s['padded_tokens']:,}",
-                        s["remainder"],
-                    )
+            if split not in v:
+                continue
+            s = v[split]
+            if "rows" not in s:  # megatron: whole documents, nothing packed, dropped or padded
+                views.append((fmt, split, f"{s['documents']:,} documents", *[f"{s['tokens']:,}"] * 2, "0", "0", "none"))
+                continue
+            views.append(
+                (
+                    fmt,
+                    split,
+                    f"{s['rows']:,}",
+                    f"{s['tokens_in']:,}",
+                    f"{s['tokens_packed']:,}",
+                    f"{s['dropped_tokens']:,}",
+                    f"{s['padded_tokens']:,}",
+                    s["remainder"],
                 )
+            )
     body = (
         "<h3>Data</h3>"
         + _table(facts)

@@ -18,14 +18,18 @@ from llmpipe.io import atomic_path, write_json
 log = logging.getLogger(__name__)
 
 
-VIEW_KEYS = ("remainder", "val_remainder", "shuffle", "shuffle_seed", "segment_ids", "litgpt_sequences_per_file")
+ROWS = ("remainder", "val_remainder", "shuffle", "shuffle_seed")
+# the data keys each format's files depend on, besides the store (and train.seq_len where PACKED)
+FORMAT_KEYS = {"hf": (*ROWS, "segment_ids"), "litgpt": (*ROWS, "litgpt_sequences_per_file"), "megatron": ()}
+PACKED = ("hf", "litgpt")  # rows of seq_len tokens; megatron's documents are whole
+VIEW_KEYS = tuple(dict.fromkeys(k for keys in FORMAT_KEYS.values() for k in keys))  # read by pack and verify only
 
 
 def view_key(store: TokenStore, fmt: str, cfg: dict) -> str:
-    """What a view depends on: the store's content and the packing parameters."""
-    d = cfg["data"]
-    params = {k: d[k] for k in VIEW_KEYS}
-    params.update(format=fmt, seq_len=cfg["train"]["seq_len"])
+    """What a view's files depend on: the store's content and this format's packing parameters, so a
+    setting of another format leaves it (and a run resuming on it) alone."""
+    params = {k: cfg["data"][k] for k in FORMAT_KEYS[fmt]}
+    params.update(format=fmt, seq_len=cfg["train"]["seq_len"] if fmt in PACKED else None)
     return hashlib.sha256(f"{store.manifest['fingerprint']}:{json.dumps(params, sort_keys=True)}".encode()).hexdigest()
 
 
@@ -40,7 +44,7 @@ def build_view(manifest: str | Path, fmt: str, out_dir: str | Path, cfg: dict, t
         stats = module.write(store, tmp, cfg)
         info = {
             "format": fmt,
-            "seq_len": cfg["train"]["seq_len"],
+            "seq_len": cfg["train"]["seq_len"] if fmt in PACKED else None,
             "store_fingerprint": store.manifest["fingerprint"],
             "fingerprint": view_key(store, fmt, cfg),
             "eos_id": store.eos_id,

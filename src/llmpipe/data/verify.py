@@ -120,9 +120,9 @@ def _check_view_info(store: TokenStore, view: Path, info: dict) -> None:
 def _check_view_key(store: TokenStore, view: Path, info: dict, data_cfg: dict | None) -> None:
     """view.json's fingerprint (what a run resumes on) is the one this store and config give (after the view's
     own checks, which name a differing setting)."""
-    from llmpipe.data.pack_views import VIEW_KEYS, view_key
+    from llmpipe.data.pack_views import FORMAT_KEYS, view_key
 
-    if data_cfg and all(k in data_cfg for k in VIEW_KEYS):
+    if data_cfg and all(k in data_cfg for k in FORMAT_KEYS[info["format"]]):
         want = view_key(store, info["format"], {"data": data_cfg, "train": {"seq_len": info["seq_len"]}})
         if info.get("fingerprint") != want:
             raise VerifyError(f"{view}/view.json: fingerprint {info.get('fingerprint')}, this store and config make {want}")
@@ -277,6 +277,8 @@ def verify_megatron(store: TokenStore, view: Path, info: dict, data_cfg: dict | 
             prefix = view / info[split]["prefix"]
             idx_path, bin_path = prefix.with_suffix(".idx"), prefix.with_suffix(".bin")
             docs, tokens = (store.manifest["totals"][split][k] for k in ("documents", "tokens"))
+            if not docs:
+                raise VerifyError(f"megatron/{split}: no documents (Megatron cannot read an empty split)")
             if not idx_path.is_file() or not bin_path.is_file():
                 raise VerifyError(f"megatron/{split}: {idx_path} or {bin_path} missing")
             with open(idx_path, "rb") as fh:

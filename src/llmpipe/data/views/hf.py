@@ -2,8 +2,9 @@
 `labels` (and `segment_ids` unless disabled), each exactly seq_len long. Loads with
 load_from_disk + transformers.default_data_collator into int64 [B, seq_len] (NxD's contract).
 
-The files are written with pyarrow, byte for byte as datasets' ArrowWriter + save_to_disk write them
-(tests/test_data_perf.py compares them with datasets' own output): importing datasets costs more
+The files are written with pyarrow in the layout datasets' ArrowWriter writes (the same schema and
+metadata; tests/test_data_perf.py compares them with an ArrowWriter fed the same 256-row batches, and
+load_from_disk reads them): importing datasets costs more
 than writing a view of 100 MB of text."""
 
 from __future__ import annotations

@@ -29,6 +29,8 @@ COPY_TOKENS = 1 << 24  # tokens copied per read
 def write_split(store: TokenStore, split: str, prefix: Path) -> dict:
     dtype = file_dtype(store.manifest["tokenizer"]["vocab_size"]).newbyteorder("<")
     docs, tokens = (store.manifest["totals"][split][k] for k in ("documents", "tokens"))
+    if not docs:  # Megatron's IndexedDataset cannot map an empty .bin
+        raise ValueError(f"{split} split has no documents: nothing for Megatron to read (data.val_fraction, more data)")
     with WriteOnce(prefix.with_suffix(".bin")) as bin_fh, open(prefix.with_suffix(".idx"), "wb") as idx:
         idx.write(HEAD.pack(MAGIC, VERSION, CODES[dtype.newbyteorder("=")], docs, docs + 1))
         at_len, at_ptr, done = HEAD.size, HEAD.size + 4 * docs, 0  # where the next lengths / pointers go
