@@ -148,6 +148,19 @@ def test_file_gone_after_get_data_is_named(tmp_path, docs):
     assert skipped_sources(stats) == {"unreadable_source": [str(path)]}
 
 
+@pytest.mark.parametrize("indent", [None, 2])
+def test_json_array_file_is_named_not_counted_as_bad_lines(tmp_path, docs, indent):
+    """A .json file of one array (on one line, or pretty-printed): one error saying what it is, or under
+    skip one counted source; not 'no text field' once, nor a bad_json count matching no document count."""
+    path = tmp_path / "a.json"
+    path.write_text(json.dumps([{"text": d} for d in docs[:5]], indent=indent))
+    with pytest.raises(BadSource, match=rf"^{path}: is a JSON array, not JSON Lines"):
+        list(documents(str(path), data_cfg([path]), ReadStats()))
+    stats = ReadStats()
+    assert list(documents(str(path), data_cfg([path], on_bad_record="skip"), stats)) == []
+    assert skipped_sources(stats) == {"unreadable_source": [str(path)]} and not stats.skipped
+
+
 @pytest.mark.parametrize("policy", ["fail", "skip"])
 def test_directory_as_source(tmp_path, docs, policy):
     write_jsonl(tmp_path / "good.jsonl", docs[:3])
@@ -240,6 +253,35 @@ def test_get_data_cli_says_one_line(tmp_path):
     ] == f"llmpipe get-data: error: {tmp_path / 'only.jsonl'}: data source is empty (0 bytes)" + (
         " (on_bad_record: skip would count and skip it)"
     )
+
+
+def test_a_file_listed_twice_is_refused_naming_both_spellings(tmp_path, docs):
+    """A glob and the file's own name, `..` in the path, a file:// URL or a symlink: one file, which read
+    twice would give every document twice and put copies in both train and val."""
+    (tmp_path / "in").mkdir()
+    write_jsonl(tmp_path / "in" / "a.jsonl", docs)
+    write_jsonl(tmp_path / "in" / "b.jsonl", docs[:3])
+    (tmp_path / "link.jsonl").symlink_to(tmp_path / "in" / "a.jsonl")
+    a = str(tmp_path / "in" / "a.jsonl")
+    for sources in (
+        [str(tmp_path / "in" / "*.jsonl"), a],
+        [a, str(tmp_path / "in" / ".." / "in" / "a.jsonl")],
+        [f"file://{a}", a],
+        [str(tmp_path / "link.jsonl"), a],
+    ):
+        with pytest.raises(ValueError, match=f"data.sources names {a} twice .*both train and val"):
+            get_data(data_cfg(sources), tmp_path / "sources.json")
+        assert not (tmp_path / "sources.json").exists()
+    assert len(get_data(data_cfg([str(tmp_path / "in" / "*.jsonl")]), tmp_path / "sources.json")["sources"]) == 2
+    cfg = json.dumps({"data": {"sources": [a, a]}})
+    r = subprocess.run(
+        [sys.executable, "-m", "llmpipe", "get-data", "--config", cfg, "--out", str(tmp_path / "s.json")],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith(f"llmpipe get-data: error: data.sources names {a} twice")
 
 
 def test_skipped_source_counted_once_in_the_store(tmp_path, docs):

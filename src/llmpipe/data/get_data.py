@@ -20,7 +20,7 @@ from pathlib import Path
 from llmpipe import config as cfgmod
 from llmpipe.data import mixture
 from llmpipe.data.readers import HF_PREFIX, JSONL_SUFFIXES, BadSource, _compression, split_points
-from llmpipe.data.sources import describe, expand_sources, local_stat, split_source
+from llmpipe.data.sources import describe, expand_sources, local_stat, refuse_repeats, split_source
 from llmpipe.io import write_json
 
 log = logging.getLogger(__name__)
@@ -78,6 +78,7 @@ def get_data(data_cfg: dict, out: str | Path, threads: int = 1) -> dict:
         sources, mix = mixture.plan(data_cfg, threads)
     else:
         sources = expand_sources(data_cfg["sources"])
+    refuse_repeats(sources)
     bad = check_sources(sources, data_cfg["on_bad_record"])
     cache = Path(out).with_name(".sources-ranges.json")  # not an output: survives Snakemake's delete
     known = json.loads(cache.read_text()) if cache.is_file() else {}
@@ -138,5 +139,5 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     try:
         get_data(cfgmod.load(args.config)["data"], args.out, args.threads)
-    except BadSource as exc:  # one line naming the file, no traceback
+    except (BadSource, ValueError) as exc:  # one line naming the file, no traceback
         raise SystemExit(f"llmpipe get-data: error: {exc}") from None

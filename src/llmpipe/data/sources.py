@@ -67,6 +67,27 @@ def expand_sources(sources: list[str]) -> list[str]:
     return out
 
 
+def same_file(source: str) -> str:
+    """What a source is, whatever its spelling: a local file's real path (file:// URL, relative, `..`,
+    symlink), else the name as given (a remote URL, an hf: dataset)."""
+    if source.startswith(HF_PREFIX) or "://" in source and not source.startswith("file://"):
+        return source
+    return os.path.realpath(source.removeprefix("file://"))
+
+
+def refuse_repeats(sources: list[str]) -> None:
+    """A file listed twice (a glob and its own name, two spellings of one path) would be read twice: every
+    document trained on twice and, its copies split apart, in both train and val. Refused, naming both."""
+    seen: dict[str, str] = {}
+    for s in sources:
+        first = seen.setdefault(same_file(s), s)
+        if first is not s:
+            raise ValueError(
+                f"data.sources names {same_file(s)} twice ({first!r} and {s!r}): its documents would be read twice "
+                "and could land in both train and val; list each file once"
+            )
+
+
 @dataclass(frozen=True)
 class ByteRange:
     """One shard's part of a plain JSONL source split at record starts by get_data: bytes [start, end), whose

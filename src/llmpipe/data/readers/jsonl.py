@@ -9,7 +9,13 @@ import orjson
 from llmpipe.data.readers import limits, opener
 from llmpipe.data.readers.huge import WHITESPACE, HugeLine, _huge_json, _lines, loads_json
 from llmpipe.data.readers.opener import BOM, _compression
-from llmpipe.data.readers.stats import BadRecord, broken, is_read_error
+from llmpipe.data.readers.stats import BadRecord, BadSource, broken, is_read_error
+
+
+def _json_array(url: str) -> BadSource:
+    """A .json file holding one array of records, not JSON Lines: one source-level error, not a count of
+    bad lines that matches no number of documents."""
+    return BadSource("unreadable_source", url, "is a JSON array, not JSON Lines (one object per line; e.g. jq -c '.[]')")
 
 
 def _each_line(lines, keep, pos: list[int], lineno: int = 0) -> Iterator[tuple[int | None, object]]:
@@ -227,6 +233,8 @@ def _jsonl(url: str, text_field: str, keep=None, stride=None, part=None, tally=N
                 try:
                     record = loads_json(raw)  # validates UTF-8 too
                 except orjson.JSONDecodeError as exc:
+                    if lineno == 1 and raw.strip() == b"[":  # a pretty-printed array
+                        raise _json_array(url) from None
                     try:
                         raw.decode("utf-8")
                     except UnicodeDecodeError as uexc:
@@ -234,6 +242,8 @@ def _jsonl(url: str, text_field: str, keep=None, stride=None, part=None, tally=N
                         continue
                     yield where, BadRecord("bad_json", where, f"not valid JSON ({exc.msg})")
                     continue
+                if lineno == 1 and isinstance(record, list) and any(isinstance(x, dict) and text_field in x for x in record[:8]):
+                    raise _json_array(url)
                 if not isinstance(record, dict) or text_field not in record:
                     yield where, BadRecord("missing_field", where, f"no '{text_field}' field")
                     continue
