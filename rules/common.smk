@@ -82,10 +82,18 @@ def view_cfg(wildcards):
 
 
 def local_corpus():
-    """(files rule download_dataset writes, the user's local corpus files with globs expanded)."""
-    local = [s for s in source_paths(config["data"]["sources"]) if not s.startswith(HF_PREFIX) and "://" not in s]
+    """(files rule download_dataset writes, the user's local corpus files with globs expanded: paths and
+    file:// URLs)."""
+    local = [s for s in source_paths(config["data"]["sources"]) if not is_remote(s)]
     made = [s for s in local if s in HUB_DATASETS.values()]
     return made, expand_sources([s for s in local if s not in made])
+
+
+def local_hf_files():
+    """Every file of an hf: source that is a local dataset folder (or file): edits there rerun get_data."""
+    found = [s[len(HF_PREFIX) :] for s in source_paths(config["data"]["sources"]) if s.startswith(HF_PREFIX)]
+    found = [Path(f) for f in found if os.path.exists(f)]
+    return [str(p) for f in found for p in ([f] if f.is_file() else sorted(f.rglob("*"))) if p.is_file()]
 
 
 def source_count():
@@ -95,22 +103,22 @@ def source_count():
         made, given = local_corpus()
     except FileNotFoundError:  # named by the rules that read it
         return config["data"]["num_shards"]
-    rest = [s for s in source_paths(config["data"]["sources"]) if s.startswith(HF_PREFIX) or "://" in s]
+    rest = [s for s in source_paths(config["data"]["sources"]) if is_remote(s)]
     many = any("*" in s or "?" in s or "[" in s or "{" in s for s in rest if not s.startswith(HF_PREFIX))
     return config["data"]["num_shards"] if many else len(made) + len(given) + len(rest)
 
 
 def corpus_files(wildcards):
-    """Local corpus files (globs expanded), so editing one reruns get_data. URLs and hf: datasets are
-    not listed (no network at parse time): get_data fingerprints them (ETag / size) instead."""
+    """Local corpus files (globs expanded, file:// URLs, local hf: folders' files), so editing one reruns
+    get_data. URLs and Hub datasets are not listed (no network at parse time): get_data fingerprints them (ETag / size) instead."""
     made, given = local_corpus()
-    return made + given
+    return made + given + local_hf_files()
 
 
 def corpus_stat(wildcards):
     """A digest of the user's local corpus files' size, mtime, ctime and inode (an edit that restores the
     mtime still changes it: llmpipe.data.sources.stat_digest). Files this workflow writes are left out."""
-    return stat_digest(local_corpus()[1])
+    return stat_digest(local_corpus()[1] + local_hf_files())
 
 
 @functools.cache

@@ -164,3 +164,44 @@ def test_source_replaced_by_mv_of_a_copy_reruns_from_get_data(done_run):
     assert after["source_sha256"] == before["source_sha256"] and after["fingerprint"] == before["fingerprint"]
     # run again with nothing changed: nothing to do, and get_data would not read the file again
     assert "Nothing to be done" in (lambda p: p.stdout + p.stderr)(snakemake("-n"))
+
+
+def test_file_url_and_local_hf_folder_sources_are_inputs(tmp_path):
+    """A file:// source and an hf: source that is a local folder are local files too: editing one reruns
+    get_data (they were neither inputs nor remote identities: nothing reran, the old tokens were kept)."""
+    work = tmp_path / "repo"
+    shutil.copytree(REPO, work, ignore=REPO_IGNORE, symlinks=True)
+    write_jsonl(work / "corpus.jsonl", corpus_docs(20))
+    (work / "hfds").mkdir()
+    write_jsonl(work / "hfds" / "data.jsonl", corpus_docs(30)[20:])
+    cfg = {"data": {"sources": [f"file://{work / 'corpus.jsonl'}", f"hf:{work / 'hfds'}"], "num_shards": 1}}
+    (work / "c.yaml").write_text(yaml.safe_dump({**cfg, "tokenizer": {"source": str(GPT2)}}))
+
+    def snakemake(*args):
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "snakemake",
+                "results/default/data/sources.json",
+                *args,
+                "--profile",
+                "local",
+                "--configfile",
+                "c.yaml",
+            ],
+            cwd=work,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+    proc = snakemake()
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    dry = snakemake("-n")
+    assert "Nothing to be done" in dry.stdout + dry.stderr and "commit not resolved" not in dry.stderr, dry.stderr[-2000:]
+    for edited in (work / "hfds" / "data.jsonl", work / "corpus.jsonl"):
+        with edited.open("a") as fh:
+            fh.write(json.dumps({"text": "one more document"}) + "\n")
+        assert "get_data" in jobs(snakemake("-n").stdout), edited
+        assert snakemake().returncode == 0

@@ -53,6 +53,7 @@ def remote_identities(sources: list[str], data: dict, datasets: list[dict], endp
     ids, warnings = [], []
     offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
     hub = [(s[len(HF_PREFIX) :], data.get("hf_revision")) for s in sources if s.startswith(HF_PREFIX)]
+    hub = [(repo, rev) for repo, rev in hub if not os.path.exists(repo)]  # a local folder: its files are inputs
     hub += [(d["id"], d.get("revision")) for d in datasets if not os.path.exists(d["id"])]
     for repo, rev in hub:
         try:

@@ -26,7 +26,8 @@ import torch
 import torch.distributed as dist
 
 from llmpipe import config as cfgmod
-from llmpipe.backends.torch import BACKEND, checkpoint as ckpt
+from llmpipe.backends.torch import BACKEND
+from llmpipe.backends.torch import checkpoint as ckpt
 from llmpipe.io import atomic_path, write_json
 from llmpipe.model.hf_compat import legacy_readable
 from llmpipe.train.batching import Sampler, grad_accum_steps
