@@ -250,6 +250,33 @@ def test_hf_parquet_data_files_read_as_datasets_streams_them(tmp_path, monkeypat
     assert len(missing) == 70 and {v.reason for _, v in missing} == {"missing_field"}
 
 
+def test_hf_jsonl_data_files_count_a_bad_line_not_lose_its_block(tmp_path, monkeypatch):
+    """A local JSON Lines folder, streamed: read as our JSONL reader reads the file (datasets' own streaming
+    dropped every good record of the 10 MB block holding one bad line and named the source unreadable)."""
+    import datasets
+
+    folder = tmp_path / "js"
+    folder.mkdir()
+    lines = [json.dumps({"text": d}) for d in DOCS[:40]]
+    lines[25], lines[3] = "{broken", json.dumps({"other": 1})
+    (folder / "train.jsonl").write_text("\n".join(lines) + "\n")
+    spec = f"hf:{folder}"
+    good = [d for i, d in enumerate(DOCS[:40]) if i not in (3, 25)]
+    refuse_datasets_streaming(monkeypatch)
+    stats = readers.ReadStats()
+    assert [t for _, t in readers.documents(spec, data_cfg(spec, on_bad_record="skip"), stats)] == good
+    assert dict(stats.skipped) == {"missing_field": 1, "bad_json": 1}
+    assert stats.examples["bad_json"] == [
+        f"{folder / 'train.jsonl'}:26: not valid JSON (unexpected character, expected a string key)"
+    ]
+    del lines[25], lines[3]
+    (folder / "train.jsonl").write_text("\n".join(lines) + "\n")
+    monkeypatch.undo()
+    want = [r["text"] for r in datasets.load_dataset(str(folder), split="train", streaming=True)]
+    refuse_datasets_streaming(monkeypatch)
+    assert want == good and [v for _, v in readers.records(spec, data_cfg(spec))] == want
+
+
 # ---------------------------------------------------------------- huge lines on the strided scan
 
 

@@ -11,9 +11,16 @@ from llmpipe.data.readers.stats import BadRecord
 from llmpipe.data.sources import HF_PREFIX
 
 
+class _At(tuple):
+    """(where, value) of a record read with its own place: a line of a local JSON Lines data file."""
+
+
 def _hf(spec: str, cfg: dict) -> Iterator[tuple[str, object]]:
     field = cfg["text_field"]
     for i, value in enumerate(_hf_values(spec[len(HF_PREFIX) :], cfg)):
+        if isinstance(value, _At):
+            yield value
+            continue
         where = f"{spec}[{i}]"
         if value is _MISSING:
             value = BadRecord("missing_field", where, f"no '{field}' field")
@@ -24,7 +31,9 @@ def _hf_values(path: str, cfg: dict) -> Iterator[object]:
     """The text field's value (or _MISSING) of each record of a Hugging Face dataset, in order. Read here, in
     bounded memory: a local save_to_disk folder (_saved_values) and, when streaming, local Parquet data files
     (page by page; datasets' own streaming decodes a whole row group at once). The rest through datasets:
-    its streaming, or (streaming false) its Arrow cache, memory-mapped."""
+    its streaming, or (streaming false) its Arrow cache, memory-mapped. Local JSON Lines data files, when
+    streaming, go through our JSONL reader (a bad line is one counted record at its file:line; datasets
+    would drop its whole 10 MB block and name the source unreadable)."""
     import os
 
     if os.path.isfile(os.path.join(path, "state.json")) or os.path.isfile(os.path.join(path, "dataset_dict.json")):
@@ -47,6 +56,12 @@ def _hf_values(path: str, cfg: dict) -> Iterator[object]:
                     else:
                         yield from itertools.repeat(_MISSING, pf.metadata.num_rows)
             return
+        if _local_jsonl(builder, files.get(split)):
+            from llmpipe.data.readers.jsonl import _jsonl
+
+            for file in files[split]:
+                yield from (_At(item) for item in _jsonl(file, field))
+            return
         ds = builder.as_streaming_dataset(split=split)
     for record in ds:
         yield record[field] if field in record else _MISSING
@@ -57,6 +72,20 @@ def _local_parquet(builder, files: list | None) -> bool:
     conf = builder.config
     plain = getattr(conf, "filters", None) is None and getattr(conf, "columns", None) is None and conf.features is None
     return builder.name == "parquet" and plain and bool(files) and not any("://" in str(f) for f in files)
+
+
+def _local_jsonl(builder, files: list | None) -> bool:
+    """datasets would stream these local JSON Lines files as they are (one object per line; .json files may
+    hold one array, which datasets reads and our reader does not)."""
+    conf = builder.config
+    plain = getattr(conf, "field", None) is None and conf.features is None
+    lines = (".jsonl", ".ndjson", ".jsonl.gz", ".jsonl.zst", ".ndjson.gz")
+    return (
+        builder.name == "json"
+        and plain
+        and bool(files)
+        and all("://" not in str(f) and str(f).lower().endswith(lines) for f in files)
+    )
 
 
 def _saved_values(path: str, cfg: dict) -> Iterator[object]:
