@@ -209,7 +209,8 @@ def test_every_view_conserves_tokens_under_each_policy(tmp_path, prepared, remai
         assert files[0].name.startswith(f"{folder}_t_0_0000000000")
         flat = np.concatenate([read_litgpt(f) for f in files]).astype(np.int64)
         block = seq + 1
-        assert flat.size % (block * 7) == 0
+        info = json.loads((tmp_path / "lit" / "view.json").read_text())[split]
+        assert flat.size % (block * info["sequences_per_file"]) == 0 and info["sequences_per_file"] <= 7
         r = n % block
         lit_expect = {"drop": stream[: n - r], "pad": stream, "carry": np.concatenate([stream, stream[: (block - r) % block]])}[
             remainder
@@ -447,3 +448,25 @@ def test_megatron_refuses_an_empty_split(tmp_path):
     with pytest.raises(ValueError, match="val split has no documents"):
         build_view(prepared["manifest"], "megatron", tmp_path / "mg", cfg)
     assert not (tmp_path / "mg").exists()
+
+
+def test_litgpt_files_share_the_rows_evenly_and_pad_under_a_block_a_file(tmp_path, prepared):
+    """lit-gpt reads every block of every file as data, EOS padding too: a split is cut into the fewest
+    files of at most litgpt_sequences_per_file blocks, all of one size, the padding under one block a file
+    (1024 a file padded a 100-row split with 924 all-EOS blocks)."""
+    from llmpipe.data.views.litgpt import read_file
+
+    for most in (1024, 7, 3):
+        cfg = merge(prepared["cfg"], {"data": {"litgpt_sequences_per_file": most}})
+        info = build_view(prepared["manifest"], "litgpt", tmp_path / str(most), cfg)
+        for split, folder in (("train", "train"), ("val", "validation")):
+            s, files = info[split], sorted((tmp_path / str(most) / folder).glob("*.bin"))
+            per, block = s["sequences_per_file"], s["block"]
+            assert len(files) == s["files"] == -(-s["rows"] // most) and per <= most
+            assert {read_file(f).size for f in files} == {per * block}
+            assert s["file_pad_tokens"] == (len(files) * per - s["rows"]) * block < len(files) * block
+            last = read_file(files[-1]).reshape(per, block)
+            eos_blocks = int((last == TokenStore(prepared["manifest"]).eos_id).all(axis=1).sum())
+            assert eos_blocks == s["file_pad_tokens"] // block, (most, split)
+            if s["rows"] <= most:  # one file of exactly its rows
+                assert len(files) == 1 and s["file_pad_tokens"] == 0

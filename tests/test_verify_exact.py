@@ -6,6 +6,7 @@ Expected positions come from the store and the pack layout (Layout, order), neve
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import struct
@@ -22,6 +23,11 @@ from tests.conftest import GPT2, corpus_docs, merge, prepare, tiny_config, write
 
 PER_FILE = 16  # lit-gpt sequences per file: several files, the last one padded
 POLICIES = [("drop", "pad"), ("pad", "carry"), ("carry", "drop"), ("carry", "carry")]  # (train, val)
+
+
+def per_file(view, split) -> int:
+    """Blocks in each file of a litgpt split (at most PER_FILE, the rows shared evenly over the files)."""
+    return json.loads((view / "view.json").read_text())[split]["sequences_per_file"]
 
 
 @pytest.fixture(scope="module")
@@ -186,10 +192,11 @@ def test_litgpt_one_changed_token_is_named(store, tmp_path, where):
     elif where == "pad":
         g, pos = first_pad_row(lay, perm)
     else:
-        assert lay.rows % PER_FILE, "the last file has padding sequences"
+        per = per_file(view, split)
+        assert lay.rows % per, "the last file has padding sequences"
         g, pos = lay.rows, 0
     files = sorted((view / folder).glob("*.bin"))
-    path, row = files[g // PER_FILE], g % PER_FILE
+    path, row = files[g // per_file(view, split)], g % per_file(view, split)
     from llmpipe.data.views.litgpt import HEADER
 
     old, _ = patch(path, HEADER.size + (row * lay.row_len + pos) * 2, np.uint16)
@@ -208,7 +215,7 @@ def test_litgpt_carry_view_passes_and_a_wrapped_token_is_named(store, tmp_path):
     run_verify(store, [view], cfg, tmp_path)
     lay, perm = layout(store, "train", cfg, "litgpt")
     g = int(np.flatnonzero(perm == lay.rows - 1)[0])
-    path, row = sorted((view / "train").glob("*.bin"))[g // PER_FILE], g % PER_FILE
+    path, row = sorted((view / "train").glob("*.bin"))[g // per_file(view, "train")], g % per_file(view, "train")
     from llmpipe.data.views.litgpt import HEADER
 
     patch(path, HEADER.size + (row * lay.row_len + lay.row_len - 1) * 2, np.uint16)

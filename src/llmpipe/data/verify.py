@@ -211,7 +211,7 @@ def verify_hf(store: TokenStore, view: Path, info: dict, data_cfg: dict | None =
 
 
 def verify_litgpt(store: TokenStore, view: Path, info: dict, data_cfg: dict | None = None) -> dict:
-    from llmpipe.data.views.litgpt import CODES, HEADER, MAGIC, VERSION, file_dtype
+    from llmpipe.data.views.litgpt import CODES, HEADER, MAGIC, VERSION, blocks_per_file, file_dtype
 
     out = {}
     dtype = file_dtype(store.manifest["tokenizer"]["vocab_size"]).newbyteorder("<")
@@ -222,18 +222,19 @@ def verify_litgpt(store: TokenStore, view: Path, info: dict, data_cfg: dict | No
             block, per = s["block"], s["sequences_per_file"]
             if block != info["seq_len"] + 1:
                 raise VerifyError(f"litgpt/{split}: block {block}, seq_len + 1 is {info['seq_len'] + 1}")
-            if data_cfg and data_cfg.get("litgpt_sequences_per_file", per) != per:
-                raise VerifyError(
-                    f"litgpt/{split}: {per} sequences per file, the data config says {data_cfg['litgpt_sequences_per_file']}"
-                )
             files = sorted(p for p in (view / folder).iterdir())
             with _Stream(store, split) as stream:
                 layout = Layout(stream.size, block, s["remainder"])
+                most = data_cfg.get("litgpt_sequences_per_file") if data_cfg else None
+                if most is not None and blocks_per_file(layout.rows, most) != per:
+                    raise VerifyError(
+                        f"litgpt/{split}: {per} sequences per file, data.litgpt_sequences_per_file {most} makes "
+                        f"{blocks_per_file(layout.rows, most)} for its {layout.rows} rows"
+                    )
                 n_files = -(-layout.rows // per)
                 if len(files) != n_files:
                     raise VerifyError(f"litgpt/{split}: {len(files)} files in {view / folder}, the layout makes {n_files}")
-                tail = layout.rows % per
-                made = {**layout.stats(), "files": n_files, "file_pad_tokens": (per - tail) * block if tail else 0}
+                made = {**layout.stats(), "files": n_files, "file_pad_tokens": (n_files * per - layout.rows) * block}
                 _check_counts(f"litgpt/{split}", s, {**made, "dtype": dtype.newbyteorder("=").name})
                 perm = order(layout.rows, s["shuffle"], s["seed"])
                 real = 0

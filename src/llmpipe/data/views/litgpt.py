@@ -1,9 +1,10 @@
 """lit-gpt PackedDataset view (the SageMaker marketplace algorithm's input).
 
 Each file: 7-byte magic `LITPKDS`, uint64 LE version 1, uint8 dtype code, uint64 LE chunk_size, then
-chunk_size tokens; chunk_size = (seq_len + 1) x sequences_per_file; dtype uint16 (code 8) when the
-vocabulary has fewer than 65,500 entries, else int32 (code 4); the last file is padded with the pad
-token (EOS: lit-gpt reads padding as data). Files: train/train_<name>_0_<counter:010d>.bin and
+chunk_size tokens; chunk_size = (seq_len + 1) x the split's blocks per file (blocks_per_file: at most
+data.litgpt_sequences_per_file); dtype uint16 (code 8) when the vocabulary has fewer than 65,500
+entries, else int32 (code 4); the last file is padded with the pad token (EOS: lit-gpt reads padding as
+data, and the pad remainder's filler too: the format has no mask), under one block per file. Files: train/train_<name>_0_<counter:010d>.bin and
 validation/validation_<name>_0_<counter:010d>.bin.
 """
 
@@ -40,6 +41,13 @@ def file_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size < 65500 else np.dtype(np.int32)
 
 
+def blocks_per_file(rows: int, most: int) -> int:
+    """Blocks in every file of a split (lit-gpt takes one chunk size, from the first file): the fewest files
+    of at most `most` blocks, sharing the rows evenly, so the last file's padding is under one block per
+    file (1024 a file for 111 rows padded 913 all-EOS blocks, served as data)."""
+    return -(-rows // -(-rows // most))
+
+
 def read_file(path: str | Path) -> np.ndarray:
     """Tokens of one PackedDataset file, checked against its header."""
     raw = Path(path).read_bytes()
@@ -71,6 +79,7 @@ def write_split(
     if layout.rows == 0:
         raise ValueError(f"{split} split has {stream.size} tokens: not one block of {block}")
     dtype = file_dtype(store.manifest["tokenizer"]["vocab_size"])
+    per_file = blocks_per_file(layout.rows, per_file)
     perm = order(layout.rows, shuffle, seed)
     out.mkdir(parents=True)
     files = 0
@@ -83,13 +92,12 @@ def write_split(
             fh.write(HEADER.pack(MAGIC, VERSION, CODES[dtype], chunk.size))
             fh.write(chunk.astype(dtype.newbyteorder("<")).tobytes())
         files += 1
-    tail = layout.rows % per_file
     return {
         **layout.stats(),
         "block": block,
         "files": files,
         "sequences_per_file": per_file,
-        "file_pad_tokens": (per_file - tail) * block if tail else 0,
+        "file_pad_tokens": (files * per_file - layout.rows) * block,
         "dtype": dtype.name,
         "shuffle": shuffle,
         "seed": seed,
