@@ -297,3 +297,43 @@ def test_view_json_counts_and_identity_are_checked(store, tmp_path, fmt, split, 
     (view / "view.json").write_text(json.dumps(info))
     where = f"{fmt}/{split}" if split else re.escape(f"{view}/view.json")
     fails([where, key], lambda: run_verify(store, [view], cfg, tmp_path))
+
+
+@pytest.mark.parametrize("change", ["repeat", "swap", "both_splits"])
+def test_doc_ids_out_of_place_are_caught(store, tmp_path, change):
+    """doc_ids are not under the shards' sha256 (tokens are): a document id repeated, two swapped, or one
+    in both splits of a shard (a tokenize bug, a hand edit) is named, not passed (nor a KeyError later)."""
+    tokens = tmp_path / "tokens"
+    shutil.copytree(store["tokens"], tokens)
+    shard = tokens / "shard-00000.safetensors"
+    with open(shard, "rb") as fh:
+        (n,) = struct.unpack("<Q", fh.read(8))
+        header = json.loads(fh.read(n))
+    raw = bytearray(shard.read_bytes())
+    from safetensors import safe_open
+
+    with safe_open(str(shard), framework="numpy") as f:
+        train, val = f.get_tensor("train.doc_ids"), f.get_tensor("val.doc_ids")
+    assert train.size > 2 and val.size >= 1 and train.dtype == np.int64 and header["train.doc_ids"]["dtype"] == "I64"
+    a_train, a_val = (8 + n + header[f"{s}.doc_ids"]["data_offsets"][0] for s in ("train", "val"))
+    if change == "repeat":
+        raw[a_train + 8 : a_train + 16] = train[:1].astype("<i8").tobytes()
+    elif change == "swap":
+        raw[a_train : a_train + 16] = train[1::-1].astype("<i8").tobytes()
+    else:
+        raw[a_val : a_val + 8] = train[:1].astype("<i8").tobytes()
+    shard.write_bytes(bytes(raw))
+    cfg = config(store)
+    want = ["doc_ids: document 1 .* repeats or is out of place"] if change != "both_splits" else ["is in both train and val"]
+    fails([re.escape(str(shard)), *want], lambda: run_verify(store, [], cfg, tmp_path, manifest=tokens / "manifest.json"))
+
+
+@pytest.mark.parametrize("cut", [1, 100])
+def test_cut_hf_file_is_named(store, tmp_path, cut):
+    """An hf view file cut short (a full disk, a killed copy): a VerifyError naming the file, not pyarrow's
+    own error naming none."""
+    cfg = config(store)
+    (view,) = build(store, tmp_path, cfg, fmts=("hf",))
+    path = sorted((view / "train").glob("*.arrow"))[0]
+    path.write_bytes(path.read_bytes()[:-cut])
+    fails([re.escape(str(path)), "unreadable after row"], lambda: run_verify(store, [view], cfg, tmp_path))

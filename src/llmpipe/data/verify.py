@@ -183,27 +183,36 @@ def verify_hf(store: TokenStore, view: Path, info: dict, data_cfg: dict | None =
                 k, real = 0, 0
                 for name, part in files:
                     path = folder / name
-                    with pa.OSFile(str(path)) as fh:
-                        reader = pa.ipc.open_stream(fh)
-                        if not reader.schema.equals(schema, check_metadata=True):
-                            raise VerifyError(f"{path}: schema {reader.schema} differs from the hf view's {schema}")
-                        for batch in reader:
-                            n = batch.num_rows
-                            if k + n > part.stop:
-                                raise VerifyError(f"{path}: more than the {len(part)} rows of this file ({part.start}..)")
-                            idx = perm[k : k + n]
-                            ids, mask, segs = _want_rows(stream, layout, idx, store.eos_id, starts)
-                            want = {"input_ids": ids, "attention_mask": mask, "labels": np.where(mask == 1, ids, IGNORE_INDEX)}
-                            if segment_ids:
-                                want["segment_ids"] = segs
-                            for col_name, w in want.items():
-                                col = batch.column(col_name)
-                                if col.null_count or col.values.null_count:
-                                    raise VerifyError(f"{path}: {col_name} of rows {k}..{k + n - 1} holds nulls")
-                                got = col.flatten().to_numpy(zero_copy_only=False).reshape(n, seq_len)
-                                _compare(path, k, idx, col_name, got.astype(np.int64), w.astype(np.int64))
-                            real += int(mask.sum())
-                            k += n
+                    try:  # a cut or damaged file: named, with the row reached
+                        with pa.OSFile(str(path)) as fh:
+                            reader = pa.ipc.open_stream(fh)
+                            if not reader.schema.equals(schema, check_metadata=True):
+                                raise VerifyError(f"{path}: schema {reader.schema} differs from the hf view's {schema}")
+                            for batch in reader:
+                                n = batch.num_rows
+                                if k + n > part.stop:
+                                    raise VerifyError(f"{path}: more than the {len(part)} rows of this file ({part.start}..)")
+                                idx = perm[k : k + n]
+                                ids, mask, segs = _want_rows(stream, layout, idx, store.eos_id, starts)
+                                want = {
+                                    "input_ids": ids,
+                                    "attention_mask": mask,
+                                    "labels": np.where(mask == 1, ids, IGNORE_INDEX),
+                                }
+                                if segment_ids:
+                                    want["segment_ids"] = segs
+                                for col_name, w in want.items():
+                                    col = batch.column(col_name)
+                                    if col.null_count or col.values.null_count:
+                                        raise VerifyError(f"{path}: {col_name} of rows {k}..{k + n - 1} holds nulls")
+                                    got = col.flatten().to_numpy(zero_copy_only=False).reshape(n, seq_len)
+                                    _compare(path, k, idx, col_name, got.astype(np.int64), w.astype(np.int64))
+                                real += int(mask.sum())
+                                k += n
+                    except (pa.ArrowInvalid, OSError) as exc:
+                        raise VerifyError(
+                            f"{path}: unreadable after row {k} of the split ({type(exc).__name__}: {exc})"
+                        ) from None
                     if k != part.stop:
                         raise VerifyError(f"{path}: {k - part.start} rows, the layout puts {len(part)} in this file")
         out[split] = {"rows": layout.rows, "tokens_checked": real, "positions_checked": layout.rows * seq_len}

@@ -146,6 +146,7 @@ def check_store(store: TokenStore, locate=None) -> dict:
     for k, entry in enumerate(m["shards"]):
         shard = _Shard(store.root / entry["file"])
         where = str(shard.path)
+        seen_ids = []
         try:
             meta = shard.meta
             recorded = {
@@ -173,6 +174,10 @@ def check_store(store: TokenStore, locate=None) -> dict:
                     raise VerifyError(f"{where} {split}: tensor sizes differ from the recorded counts {counts[split]}")
                 if offsets[0] != 0 or offsets[-1] != n or (np.diff(offsets) < 1).any():
                     raise VerifyError(f"{where} {split}.offsets: not increasing from 0 to {n}")
+                if (np.diff(ids) < 1).any():  # tokenize writes each shard's documents in source and record order
+                    at_ = int(np.flatnonzero(np.diff(ids) < 1)[0]) + 1
+                    raise VerifyError(f"{where} {split}.doc_ids: document {at_} ({int(ids[at_]):#x}) repeats or is out of place")
+                seen_ids.append(ids)
                 h, step = hashlib.sha256(), max(1, CHUNK_BYTES // dtype.itemsize)
                 ends, starts = offsets[1:] - 1, offsets[:-1]
                 for a in range(0, n, step):
@@ -205,6 +210,9 @@ def check_store(store: TokenStore, locate=None) -> dict:
                     )
                 for c in ("documents", "tokens"):
                     totals[split][c] += counts[split][c]
+            both = np.intersect1d(*seen_ids)
+            if both.size:
+                raise VerifyError(f"{where}: document {int(both[0]):#x} is in both train and val")
         finally:
             shard.close()
         digest.update(fingerprint_part(entry))
@@ -290,6 +298,8 @@ def check_tokenization(
                 offs, ids = s.tensor(f"{split}.offsets"), s.tensor(f"{split}.doc_ids")
                 index.update({int(d): (split, int(offs[i]), int(offs[i + 1])) for i, d in enumerate(ids)})
             for did, want in _retokenized(store, encode, data_cfg, sources, shard, mix, sample):
+                if did not in index:
+                    raise VerifyError(f"document {did:#x} (shard {shard}) is read from the sources but missing from {s.path}")
                 split, a, b = index[did]
                 if s.read(f"{split}.tokens", a, b).tolist() != want:
                     raise VerifyError(f"document {did:#x} (shard {shard}, {s.path}): stored ids differ from the HF tokenizer's")
