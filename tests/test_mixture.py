@@ -166,3 +166,18 @@ def test_counting_processes_give_the_same_plan_and_name_a_bad_record(corpus, tmp
         get_data(cfg["data"], tmp_path / "y.json", threads=3)
     assert str(parallel.value) == str(serial.value) and "books_c.jsonl" in str(serial.value)
     assert parallel.value.reason == serial.value.reason == "bad_json"
+
+
+def test_a_group_whose_share_is_under_one_document_is_refused(corpus, tmp_path):
+    """One short document at weight 1 against 100 long ones at weight 9: the big group's share of bytes is
+    smaller than any of its documents, so it would keep none (share 0.0 for a 0.9 target): named instead."""
+    tiny = "A short one."
+    write_jsonl(tmp_path / "tiny.jsonl", [tiny])
+    cfg = tiny_config(tmp_path, tokenizer={"source": str(GPT2)})
+    cfg["data"]["sources"] = [
+        {"path": str(tmp_path / "tiny.jsonl"), "weight": 1, "name": "tiny"},
+        {"path": str(corpus / "books_b.jsonl"), "weight": 9, "name": "big"},
+    ]
+    share = 9 * len(tiny.encode())  # the scarce group whole, at 9 times its weight
+    with pytest.raises(ValueError, match=rf"mixture group 'big' would keep no document: its share \({share} bytes.*group 'tiny'"):
+        plan(cfgmod.validate(cfg)["data"])

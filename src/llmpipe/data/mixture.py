@@ -72,8 +72,16 @@ def plan(data_cfg: dict, workers: int = 1) -> tuple[list[str], dict]:
         order = np.argsort(hashes, kind="stable")
         cum = np.cumsum(sizes[order])
         k = int(np.searchsorted(cum, quota, side="right"))
+        if k == 0:  # its quota is under its first document's size: the group would train on nothing
+            scarce = min(gs, key=lambda o: o["bytes"] * total_w / o["weight"])
+            raise ValueError(
+                f"data.sources: mixture group {g['name']!r} would keep no document: its share ({int(quota)} bytes, "
+                f"weight {g['weight']} against group {scarce['name']!r}'s {scarce['bytes']} bytes at weight "
+                f"{scarce['weight']}) is smaller than its first document in sampling order ({int(sizes[order[0]])} "
+                f"bytes); give group {scarce['name']!r} more data or weight"
+            )
         g["rate"] = float(hashes[order[k]]) if k < len(order) else 1.0
-        g["bytes_kept"] = int(cum[k - 1]) if k else 0
+        g["bytes_kept"] = int(cum[k - 1])
     return expanded, {"groups": gs, "group_of_source": group_of, "seed": mix_seed}
 
 
