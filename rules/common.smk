@@ -51,6 +51,8 @@ if BACKEND in ("torch", "colossal"):  # before Snakemake deletes the old model t
         raise WorkflowError(_changed)
 
 VIEWS = config["data"]["views"]
+# view keys only formats this run does not build read: no job is given them (a change reruns nothing)
+UNBUILT = tuple(f"data.{k}" for k in VIEW_KEYS if all(k not in FORMAT_KEYS[f] for f in VIEWS))
 # Every job runs `python -m llmpipe` from this checkout (no install needed inside conda envs).
 # Paths and config values reach the shell only quoted (`:q` in every rule, shlex.quote here).
 SRC = shlex.quote(str(Path(workflow.basedir) / "src"))

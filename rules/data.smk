@@ -5,8 +5,6 @@
 # data keys only pack and verify read: the steps before them are not given them, so a change there reruns
 # only what reads it (tests/test_workflow.py)
 VIEW_ONLY = tuple(f"data.{k}" for k in (*VIEW_KEYS, "views", "verify_sample"))
-# view keys only formats this run does not build read: verify is not given them either
-UNBUILT = tuple(f"data.{k}" for k in VIEW_KEYS if all(k not in FORMAT_KEYS[f] for f in VIEWS))
 
 
 rule get_data:

@@ -27,7 +27,7 @@ rule plan:
             "parallel",
             "plan",
             *[BACKEND] if BACKEND in config else [],
-            drop=("data.verify_sample",),
+            drop=("data.verify_sample", *UNBUILT),
         ),
     shell:
         "python -m llmpipe plan --config {params.cfg:q} --view {input.view:q} --model {input.init:q}"
