@@ -36,11 +36,12 @@ rule tokenizer:
     conda:
         "../envs/torch.yaml"
     params:
+        # data only for a tokenizer trained on it; tokenizer.backend picks the encoder of the same ids (tokenize)
         cfg=cfg_json(
-            "data",
+            *(["data"] if config["tokenizer"]["source"] == "train" else []),
             "tokenizer",
             *(["hub.cache_dir", "hub.endpoint"] if is_hub_ref(config["tokenizer"]["source"]) else []),
-            drop=VIEW_ONLY,
+            drop=(*VIEW_ONLY, "tokenizer.backend"),
         ),
         sources=lambda wildcards, input: (["--sources", input[0]] if config["tokenizer"]["source"] == "train" else []),
     shell:

@@ -205,3 +205,14 @@ def test_file_url_and_local_hf_folder_sources_are_inputs(tmp_path):
             fh.write(json.dumps({"text": "one more document"}) + "\n")
         assert "get_data" in jobs(snakemake("-n").stdout), edited
         assert snakemake().returncode == 0
+
+
+def test_encoder_choice_and_data_keys_leave_a_copied_tokenizer_and_the_init_alone(done_run):
+    """tokenizer.backend picks the encoder of the same ids (tokenize reads it); a data key cannot change a
+    tokenizer copied from a folder: neither reruns the tokenizer, nor after it init (a base model converted
+    again: minutes to hours on a 70B)."""
+    work, snakemake = done_run
+    assert "Nothing to be done" in (lambda p: p.stdout + p.stderr)(snakemake("-n"))
+    for setting in ("tokenizer={backend: hf}", "data={shards_per_job: 1}"):
+        planned = jobs(snakemake("-n", "--config", setting).stdout)
+        assert "tokenize" in planned and not {"tokenizer", "init_model"} & planned, (setting, planned)
