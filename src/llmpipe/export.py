@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from llmpipe import config as cfgmod
-from llmpipe.data.tokenizer import TokenizerMismatch, check_same_tokenizer, load_tokenizer
+from llmpipe.data.tokenizer import TokenizerMismatch, check_same_tokenizer, copy_tokenizer_files, load_tokenizer
 from llmpipe.io import atomic_path
 from llmpipe.model.hf_compat import legacy_readable
 
@@ -54,7 +54,7 @@ def export(
         raise ValueError(f"{trained}: fewer embedding rows than tokenizer entries ({len(tok)})")
     with atomic_path(out_dir) as tmp:
         model.save_pretrained(str(tmp), safe_serialization=True)
-        tok.save_pretrained(str(tmp))
+        copy_tokenizer_files(tokenizer_dir, tmp)
         legacy_readable(tmp)  # transformers 4.x readers get the same RoPE and a tokenizer class they have
     log.info("exported %s -> %s (%s, %d parameters)", trained, out_dir, dtype, model.num_parameters())
 

@@ -19,7 +19,15 @@ from llmpipe.io import atomic_path
 log = logging.getLogger(__name__)
 
 EOS = "<|endoftext|>"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "LICENSE")
+# what a tokenizer folder holds that we copy, download and ship (transformers 5 saves a chat template apart)
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "LICENSE",
+)
 
 
 def _special(value) -> str | None:
@@ -101,10 +109,20 @@ def tokenizer_info(path: str | Path, tok=None) -> TokenizerInfo:
 
 
 def load_tokenizer(path: str | Path):
-    """The transformers tokenizer (for export and model init)."""
-    from transformers import AutoTokenizer
+    """The transformers tokenizer of a folder's tokenizer.json as it is, the ids the data stages made (for
+    model init). Not AutoTokenizer: transformers 5 rebuilds a model-specific class (LlamaTokenizer) from its
+    vocab and merges, and drops a Llama-2 tokenizer.json's normalizer (" hello" gave other ids)."""
+    from transformers import PreTrainedTokenizerFast
 
-    return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
+    return PreTrainedTokenizerFast.from_pretrained(str(path))
+
+
+def copy_tokenizer_files(src: str | Path, out_dir: str | Path) -> None:
+    """The tokenizer's files into a model folder byte for byte (a re-save rewrites tokenizer.json; its
+    sha256 is what evaluate and export check)."""
+    for name in TOKENIZER_FILES:
+        if (Path(src) / name).is_file():
+            shutil.copy2(Path(src) / name, Path(out_dir) / name)
 
 
 # ---------------------------------------------------------------- tokenizer stage
@@ -157,9 +175,7 @@ def copy_tokenizer(src: str | Path, out_dir: str | Path, provenance: dict | None
     tok = load_backend(src)
     with atomic_path(out_dir) as tmp:
         tmp.mkdir()
-        for name in TOKENIZER_FILES:
-            if (src / name).is_file():
-                shutil.copy2(src / name, tmp / name)
+        copy_tokenizer_files(src, tmp)
         tokenizer_info(tmp, tok)  # fail here, not in a later job, if it lacks an EOS (tok: the same bytes)
         if provenance:
             write_json(tmp / "hub.json", provenance)

@@ -5,8 +5,9 @@ Levanter its own 4.x) reads top-level `rope_theta` and `rope_scaling`, and witho
 rope_theta 10000 and no scaling: a Llama-3 base would train with the wrong RoPE base. 5.x also names
 the weights' dtype `dtype` where 4.x (and servers built on it, for dtype "auto") read `torch_dtype`. Every
 config.json we write carries both spellings. Likewise 5.x names a fast tokenizer's class `TokenizersBackend` in
-tokenizer_config.json, a class 4.x does not have: the model folders we hand on name it
-`PreTrainedTokenizerFast`, which both read (the same tokenizer.json, the same ids).
+tokenizer_config.json, a class 4.x does not have, and for a model-specific class (LlamaTokenizer) 5.x
+rebuilds the tokenizer from vocab and merges instead of reading tokenizer.json (other ids): the model
+folders we hand on name `PreTrainedTokenizerFast`, which both read as tokenizer.json says (the data's ids).
 """
 
 from __future__ import annotations
@@ -42,12 +43,13 @@ LEGACY_TOKENIZER_CLASS = "PreTrainedTokenizerFast"
 
 
 def add_legacy_tokenizer_class(folder: str | Path) -> None:
-    """Rewrite folder/tokenizer_config.json in place (if any) with a tokenizer class 4.x knows."""
+    """Rewrite folder/tokenizer_config.json in place (if any, beside a tokenizer.json) with the one class both
+    4.x and 5.x read from tokenizer.json as it is."""
     path = Path(folder) / "tokenizer_config.json"
-    if not path.is_file():
+    if not path.is_file() or not (Path(folder) / "tokenizer.json").is_file():
         return
     data = json.loads(path.read_text())
-    if data.get("tokenizer_class") in (None, "TokenizersBackend"):
+    if data.get("tokenizer_class") != LEGACY_TOKENIZER_CLASS:
         data["tokenizer_class"] = LEGACY_TOKENIZER_CLASS
         path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from llmpipe import config as cfgmod
-from llmpipe.data.tokenizer import load_tokenizer
+from llmpipe.data.tokenizer import copy_tokenizer_files, load_tokenizer
 from llmpipe.io import atomic_path
 from llmpipe.model.hf_compat import legacy_readable
 
@@ -124,7 +124,7 @@ def init_model(cfg: dict, tokenizer_dir: str | Path, out_dir: str | Path) -> Non
         log.info("new Llama: %d parameters, vocab %d", model.num_parameters(), model.config.vocab_size)
     with atomic_path(out_dir) as tmp:
         model.save_pretrained(str(tmp))
-        tok.save_pretrained(str(tmp))
+        copy_tokenizer_files(tokenizer_dir, tmp)
         legacy_readable(tmp)  # what NxD's transformers 4.48 reads (llmpipe/model/hf_compat.py)
 
 

@@ -401,9 +401,9 @@ def merge(
         config.architectures = ["LlamaForCausalLM"]
         config.save_pretrained(str(tmp))
         if tokenizer:
-            from llmpipe.data.tokenizer import load_tokenizer
+            from llmpipe.data.tokenizer import copy_tokenizer_files
 
-            load_tokenizer(tokenizer).save_pretrained(str(tmp))
+            copy_tokenizer_files(tokenizer, tmp)
         legacy_readable(tmp)
         summary = {
             "source": str(folder),
