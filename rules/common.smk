@@ -84,7 +84,7 @@ def view_cfg(wildcards):
 
 
 def local_corpus():
-    """(files rule download_dataset writes, the user's local corpus files with globs expanded: paths and
+    """(files rule download_dataset writes, the user's local corpus files with globs expanded; paths and
     file:// URLs)."""
     local = [s for s in source_paths(config["data"]["sources"]) if not is_remote(s)]
     made = [s for s in local if s in HUB_DATASETS.values()]
