@@ -181,3 +181,18 @@ def test_a_group_whose_share_is_under_one_document_is_refused(corpus, tmp_path):
     share = 9 * len(tiny.encode())  # the scarce group whole, at 9 times its weight
     with pytest.raises(ValueError, match=rf"mixture group 'big' would keep no document: its share \({share} bytes.*group 'tiny'"):
         plan(cfgmod.validate(cfg)["data"])
+
+
+def test_verify_recomputes_the_group_shares(corpus, tmp_path):
+    """by_group (tokens and share per group, against the target) is what shows a mixture held: verify
+    recomputes it from the shards and the plan, so an edited or stale one is named."""
+    from llmpipe.data.verify_store import VerifyError, check_store
+
+    _, mix, _, store = build(tmp_path, mixture_config(corpus, 2))
+    check_store(TokenStore(store / "manifest.json"), mix=mix)
+    manifest = json.loads((store / "manifest.json").read_text())
+    for g in manifest["by_group"].values():
+        g["share"] = g["target_share"]
+    (store / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(VerifyError, match="by_group .* differs from its shards'"):
+        check_store(TokenStore(store / "manifest.json"), mix=mix)

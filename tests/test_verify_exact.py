@@ -337,3 +337,19 @@ def test_cut_hf_file_is_named(store, tmp_path, cut):
     path = sorted((view / "train").glob("*.arrow"))[0]
     path.write_bytes(path.read_bytes()[:-cut])
     fails([re.escape(str(path)), "unreadable after row"], lambda: run_verify(store, [view], cfg, tmp_path))
+
+
+@pytest.mark.parametrize("key", ["read", "by_source"])
+def test_manifest_counts_are_checked_against_the_shards(store, tmp_path, key):
+    """stats.json, the report and the model card copy the manifest's read stats and per-source counts:
+    verify recomputes them from the shards (a hand-edited or stale manifest was passed as it was)."""
+    tokens = tmp_path / "tokens"
+    shutil.copytree(store["tokens"], tokens)
+    manifest = json.loads((tokens / "manifest.json").read_text())
+    if key == "read":
+        manifest["read"]["documents"] += 999
+    else:
+        manifest["by_source"]["0"]["train"]["tokens"] += 12345
+    (tokens / "manifest.json").write_text(json.dumps(manifest))
+    cfg = config(store)
+    fails([f"{key} .* differs from its shards'"], lambda: run_verify(store, [], cfg, tmp_path, manifest=tokens / "manifest.json"))

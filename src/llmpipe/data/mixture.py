@@ -145,11 +145,16 @@ def keeper(mix: dict | None, source_index: int, keep):
 
 def source_counts(shard, splits) -> dict:
     """{source index: {split: {documents, tokens}}} of one open token shard, from its offsets and doc ids."""
+    return counts_of({split: (shard.get_tensor(f"{split}.offsets"), shard.get_tensor(f"{split}.doc_ids")) for split in splits})
+
+
+def counts_of(arrays: dict) -> dict:
+    """{source index: {split: {documents, tokens}}} of {split: (offsets, doc_ids)}."""
     import numpy as np
 
     out: dict[str, dict] = {}
-    for split in splits:
-        offs, ids = shard.get_tensor(f"{split}.offsets"), shard.get_tensor(f"{split}.doc_ids")
+    splits = list(arrays)
+    for split, (offs, ids) in arrays.items():
         src = (ids >> RECORD_BITS).astype(np.int64)
         lengths = np.diff(offs)
         for s in np.unique(src):

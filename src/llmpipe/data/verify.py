@@ -379,7 +379,7 @@ def verify(
     def locate(shard, split, path):
         return locate_store_change(store, tokenizer_dir, data_cfg, sources, mix, shard, split, path)
 
-    result["store"] = check_store(store, locate)
+    result["store"] = check_store(store, locate, mix)
     result["tokenization"] = check_tokenization(store, tokenizer_dir, data_cfg, sources, sample, mix)
     for view in views:
         info = json.loads((view / "view.json").read_text())

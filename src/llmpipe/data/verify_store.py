@@ -130,8 +130,9 @@ class _Stream:
         return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
 
 
-def check_store(store: TokenStore, locate=None) -> dict:
-    """Every shard against its recorded sha256, counts and tokenizer; the manifest against its shards.
+def check_store(store: TokenStore, locate=None, mix: dict | None = None) -> dict:
+    """Every shard against its recorded sha256, counts and tokenizer; the manifest against its shards
+    (totals, fingerprint, read stats, per-source and, with the mixture plan `mix`, per-group counts).
     `locate(shard, split, shard_file)`: on a hash mismatch, (token index, document id, index in the
     document, stored, expected) of the first changed token, or None."""
     from llmpipe.data.tokenize import token_dtype
@@ -142,11 +143,12 @@ def check_store(store: TokenStore, locate=None) -> dict:
     want_dtype = token_dtype(int(tok["vocab_size"])).newbyteorder("<")
     digest = hashlib.sha256((m.get("sources_key") or "").encode())
     totals = {s: {"documents": 0, "tokens": 0} for s in SPLITS}
+    read, by_source = ReadStats(), {}
     hashed = 0
     for k, entry in enumerate(m["shards"]):
         shard = _Shard(store.root / entry["file"])
         where = str(shard.path)
-        seen_ids = []
+        seen_ids, arrays = [], {}
         try:
             meta = shard.meta
             recorded = {
@@ -178,6 +180,7 @@ def check_store(store: TokenStore, locate=None) -> dict:
                     at_ = int(np.flatnonzero(np.diff(ids) < 1)[0]) + 1
                     raise VerifyError(f"{where} {split}.doc_ids: document {at_} ({int(ids[at_]):#x}) repeats or is out of place")
                 seen_ids.append(ids)
+                arrays[split] = (offsets, ids)
                 h, step = hashlib.sha256(), max(1, CHUNK_BYTES // dtype.itemsize)
                 ends, starts = offsets[1:] - 1, offsets[:-1]
                 for a in range(0, n, step):
@@ -213,6 +216,8 @@ def check_store(store: TokenStore, locate=None) -> dict:
             both = np.intersect1d(*seen_ids)
             if both.size:
                 raise VerifyError(f"{where}: document {int(both[0]):#x} is in both train and val")
+            read.add(json.loads(meta["read"]))
+            mixture.add_counts(by_source, mixture.counts_of(arrays))
         finally:
             shard.close()
         digest.update(fingerprint_part(entry))
@@ -220,6 +225,12 @@ def check_store(store: TokenStore, locate=None) -> dict:
         raise VerifyError(f"{store.manifest_path}: totals {m['totals']} differ from the shards' {totals}")
     if digest.hexdigest() != m["fingerprint"]:
         raise VerifyError(f"{store.manifest_path}: fingerprint does not match its shard entries")
+    made = {"read": read.as_dict(), "by_source": by_source}  # what the report, stats.json and the card show
+    if mix and "by_group" in m:
+        made["by_group"] = mixture.group_counts(by_source, mix)
+    for key, value in made.items():
+        if json.loads(json.dumps(value)) != m.get(key):
+            raise VerifyError(f"{store.manifest_path}: {key} {m.get(key)} differs from its shards' {value}")
     return {"shards": len(m["shards"]), "bytes_hashed": hashed}
 
 
