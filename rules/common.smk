@@ -112,7 +112,8 @@ def source_count():
 
 def corpus_files(wildcards):
     """Local corpus files (globs expanded, file:// URLs, local hf: folders' files), so editing one reruns
-    get_data. URLs and Hub datasets are not listed (no network at parse time): get_data fingerprints them (ETag / size) instead."""
+    get_data. URLs and Hub datasets are not listed (no network at parse time): get_data fingerprints
+    them (ETag / size) instead."""
     made, given = local_corpus()
     return made + given + local_hf_files()
 
