@@ -65,6 +65,7 @@ def test_write_once_keeps_the_bytes_and_two_windows_cached(tmp_path, small_windo
 def test_views_are_written_once_and_shards_kept_cached(tmp_path, small_window):
     """Checked right after each writer: the next step reads the file (and caches it again)."""
     cfg, sources = gpt2_shard_inputs(tmp_path, corpus_docs(60))
+    cfg["data"]["litgpt_sequences_per_file"] = 4096  # one litgpt file of all its rows (> 20 windows)
     tokenize_shard(cfg, sources, 0, GPT2, tmp_path / "shard.safetensors")
     shard = tmp_path / "shard.safetensors"
     assert shard.stat().st_size >= 20 * WINDOW and resident(shard) >= shard.stat().st_size // 2  # pack reads it next
