@@ -15,6 +15,7 @@ import pytest
 from llmpipe import config as cfgmod
 from llmpipe.data.get_data import get_data
 from llmpipe.data.readers import BadSource, ReadStats, documents, iter_documents
+from llmpipe.data.sources import refuse_repeats
 from tests.conftest import GPT2, REPO, corpus_docs, write_jsonl
 
 
@@ -238,16 +239,22 @@ def test_lone_empty_source_fails_naming_it(tmp_path, policy):
         get_data(data_cfg([tmp_path / "only.jsonl"], on_bad_record=policy), tmp_path / "sources.json")
 
 
-def test_get_data_cli_says_one_line(tmp_path):
-    (tmp_path / "only.jsonl").write_bytes(b"")
-    cfg = json.dumps({"data": {"sources": [str(tmp_path / "only.jsonl")]}})
+def get_data_cli(cfg: str, out):
+    """`llmpipe get-data` expected to fail: its result, checked to be without a traceback."""
     r = subprocess.run(
-        [sys.executable, "-m", "llmpipe", "get-data", "--config", cfg, "--out", str(tmp_path / "s.json")],
+        [sys.executable, "-m", "llmpipe", "get-data", "--config", cfg, "--out", str(out)],
         capture_output=True,
         text=True,
         cwd=REPO,
     )
     assert r.returncode != 0 and "Traceback" not in r.stderr
+    return r
+
+
+def test_get_data_cli_says_one_line(tmp_path):
+    (tmp_path / "only.jsonl").write_bytes(b"")
+    cfg = json.dumps({"data": {"sources": [str(tmp_path / "only.jsonl")]}})
+    r = get_data_cli(cfg, tmp_path / "s.json")
     assert r.stderr.strip().splitlines()[
         -1
     ] == f"llmpipe get-data: error: {tmp_path / 'only.jsonl'}: data source is empty (0 bytes)" + (
@@ -273,14 +280,10 @@ def test_a_file_listed_twice_is_refused_naming_both_spellings(tmp_path, docs):
             get_data(data_cfg(sources), tmp_path / "sources.json")
         assert not (tmp_path / "sources.json").exists()
     assert len(get_data(data_cfg([str(tmp_path / "in" / "*.jsonl")]), tmp_path / "sources.json")["sources"]) == 2
+    with pytest.raises(ValueError, match="twice"):  # one string object listed twice
+        refuse_repeats([a, a])
     cfg = json.dumps({"data": {"sources": [a, a]}})
-    r = subprocess.run(
-        [sys.executable, "-m", "llmpipe", "get-data", "--config", cfg, "--out", str(tmp_path / "s.json")],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-    )
-    assert r.returncode != 0 and "Traceback" not in r.stderr
+    r = get_data_cli(cfg, tmp_path / "s.json")
     assert r.stderr.strip().splitlines()[-1].startswith(f"llmpipe get-data: error: data.sources names {a} twice")
 
 
