@@ -3,6 +3,7 @@ the EOS token comes from) reruns the tokenizer and what follows it; editing a lo
 generation_config.json or weights reruns init and what follows, not the data stages; an unrelated file
 in those folders reruns nothing; a colossal hostfile and a plan hardware file are inputs of their jobs."""
 
+import functools
 import json
 import os
 import re
@@ -19,6 +20,12 @@ from tests.conftest import GPT2, REPO, REPO_IGNORE, corpus_docs, write_jsonl
 
 def jobs(out: str) -> set[str]:
     return set(re.findall(r"^(?:local)?rule (\w+):", out, re.M))
+
+
+def snakemake_in(work, targets, *args):
+    """Snakemake on `targets` in the copy `work`, with the local profile and its c.yaml."""
+    cmd = [sys.executable, "-m", "snakemake", *targets, *args, "--profile", "local", "--configfile", "c.yaml"]
+    return subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=600)
 
 
 @pytest.fixture(scope="module")
@@ -51,14 +58,7 @@ def done_run(tmp_path_factory):
     (work / "c.yaml").write_text(yaml.safe_dump(cfg))
     targets = ["results/default/checkpoints/init", "results/default/data/stats.json"]
 
-    def snakemake(*args):
-        return subprocess.run(
-            [sys.executable, "-m", "snakemake", *targets, *args, "--profile", "local", "--configfile", "c.yaml"],
-            cwd=work,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
+    snakemake = functools.partial(snakemake_in, work, targets)
 
     proc = snakemake()
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -177,24 +177,7 @@ def test_file_url_and_local_hf_folder_sources_are_inputs(tmp_path):
     cfg = {"data": {"sources": [f"file://{work / 'corpus.jsonl'}", f"hf:{work / 'hfds'}"], "num_shards": 1}}
     (work / "c.yaml").write_text(yaml.safe_dump({**cfg, "tokenizer": {"source": str(GPT2)}}))
 
-    def snakemake(*args):
-        return subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "snakemake",
-                "results/default/data/sources.json",
-                *args,
-                "--profile",
-                "local",
-                "--configfile",
-                "c.yaml",
-            ],
-            cwd=work,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+    snakemake = functools.partial(snakemake_in, work, ["results/default/data/sources.json"])
 
     proc = snakemake()
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -40,14 +40,19 @@ print(json.dumps(out))
 """
 
 
-def read_as_nxd(folder: Path) -> dict:
+def nxd_python(code: str, *args: str) -> str:
+    """The last line `code` prints under transformers 4.48 (.venvs/nxd-hf); skips without it, fails in CI."""
     if not NXD_PY.exists():
         if os.environ.get("CI"):
             pytest.fail(f"{NXD_PY} is missing: CI must build it with scripts/setup-env-nxd-hf.sh")
         pytest.skip(f"no transformers 4.48 side env: run scripts/setup-env-nxd-hf.sh to build {NXD_PY}")
-    proc = subprocess.run([str(NXD_PY), "-c", READ, str(folder)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([str(NXD_PY), "-c", code, *args], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    got = json.loads(proc.stdout.splitlines()[-1])
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def read_as_nxd(folder: Path) -> dict:
+    got = json.loads(nxd_python(READ, str(folder)))
     assert got.pop("version") == "4.48.0"
     return got
 
@@ -151,11 +156,9 @@ def test_new_model_from_preset_sizes_reads_as_meant(tmp_path):
     # the tokenizer too: 5.x names its class TokenizersBackend, which 4.48 does not have
     text = "Hello world, the 1984 edition — café"
     read = "import sys\nfrom transformers import AutoTokenizer\nprint(AutoTokenizer.from_pretrained(sys.argv[1]).encode(sys.argv[2]))"
-    proc = subprocess.run([str(NXD_PY), "-c", read, str(out), text], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
     from transformers import AutoTokenizer
 
-    assert proc.stdout.strip() == str(AutoTokenizer.from_pretrained(str(GPT2)).encode(text))
+    assert nxd_python(read, str(out), text) == str(AutoTokenizer.from_pretrained(str(GPT2)).encode(text))
     written = json.loads((out / "config.json").read_text())
     assert got["rope_theta"] == preset["rope_theta"] == written["rope_parameters"]["rope_theta"]
     assert got["rope_scaling"] is None and got["tie_word_embeddings"] is True
@@ -187,7 +190,4 @@ def test_export_dtype_reads_as_torch_dtype_in_4x(tmp_path, prepared):
     written = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert written["dtype"] == "bfloat16"
     read = "import sys\nfrom transformers import LlamaConfig\nprint(LlamaConfig.from_pretrained(sys.argv[1]).torch_dtype)"
-    read_as_nxd(tmp_path / "hf")  # the 4.48 env is there (skips or fails as the other tests do)
-    proc = subprocess.run([str(NXD_PY), "-c", read, str(tmp_path / "hf")], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip().splitlines()[-1] == "bfloat16"
+    assert nxd_python(read, str(tmp_path / "hf")) == "bfloat16"

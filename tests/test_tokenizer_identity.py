@@ -108,7 +108,7 @@ def test_llama_class_tokenizer_ships_the_data_ids(tmp_path):
     from llmpipe.export import export
     from llmpipe.model.init import init_model
     from tests.conftest import corpus_docs, prepare, tiny_config, write_jsonl
-    from tests.test_neuron_hf_config import NXD_PY, read_as_nxd
+    from tests.test_neuron_hf_config import nxd_python
 
     docs = corpus_docs(40)
     write_jsonl(tmp_path / "corpus.jsonl", docs)
@@ -125,11 +125,7 @@ def test_llama_class_tokenizer_ships_the_data_ids(tmp_path):
         assert tokenizer_sha256(folder) == tokenizer_sha256(src)
         assert (folder / "chat_template.jinja").read_bytes() == (src / "chat_template.jinja").read_bytes()
         assert [AutoTokenizer.from_pretrained(str(folder)).encode(t) for t in texts] == want, folder
-    read_as_nxd(tmp_path / "exported")  # 4.48 present (skips or fails as the other 4.48 tests do)
     read = "import sys, json\nfrom transformers import AutoTokenizer\nt = AutoTokenizer.from_pretrained(sys.argv[1])\nprint(json.dumps([t.encode(x) for x in json.loads(sys.argv[2])]))"
-    proc = subprocess.run(
-        [str(NXD_PY), "-c", read, str(tmp_path / "exported"), json.dumps(texts)], capture_output=True, text=True, timeout=120
-    )
-    assert proc.returncode == 0 and json.loads(proc.stdout.splitlines()[-1]) == want, proc.stderr[-2000:]
+    assert json.loads(nxd_python(read, str(tmp_path / "exported"), json.dumps(texts))) == want
     ev = evaluate(json.dumps({"eval": {"batch_size": 4}}), tmp_path / "exported", out["view"], tmp_path / "eval.json")
     assert ev.returncode == 0, ev.stderr[-2000:]

@@ -45,6 +45,21 @@ def store(tmp_path_factory):
     return {**out, "cfg": cfg, "seq_len": seq_len}
 
 
+def copied_shard(store, tmp_path):
+    """(a copy of the store, its first shard, that shard's safetensors header with each tensor's file
+    offset as `at`), for tests that change bytes in place."""
+    tokens = tmp_path / "tokens"
+    shutil.copytree(store["tokens"], tokens)
+    shard = tokens / "shard-00000.safetensors"
+    with open(shard, "rb") as fh:
+        (n,) = struct.unpack("<Q", fh.read(8))
+        header = json.loads(fh.read(n))
+    for name, entry in header.items():
+        if name != "__metadata__":
+            entry["at"] = 8 + n + entry["data_offsets"][0]
+    return tokens, shard, header
+
+
 def config(store, train="drop", val="pad"):
     return merge(store["cfg"], {"data": {"remainder": train, "val_remainder": val}})
 
@@ -238,21 +253,15 @@ def test_store_token_change_is_caught_with_views_rebuilt_from_it(store, tmp_path
     """One token of the store changed, every view rebuilt from the changed store (so views and store agree):
     the recorded sha256 of the shard's split fails, and re-tokenizing the shard's documents names the token.
     The changed token sits in the shard's last document, past the re-tokenized sample."""
-    import json
 
-    tokens = tmp_path / "tokens"
-    shutil.copytree(store["tokens"], tokens)
-    shard = tokens / "shard-00000.safetensors"
-    with open(shard, "rb") as fh:
-        (n,) = struct.unpack("<Q", fh.read(8))
-        header = json.loads(fh.read(n))
+    tokens, shard, header = copied_shard(store, tmp_path)
     from safetensors import safe_open
 
     with safe_open(str(shard), framework="numpy") as f:
         offsets = f.get_tensor("train.offsets")
     assert offsets.size - 1 > 2, "more documents than the sample of 2"
     k = int(offsets[-1]) - 2  # the last document's token before its EOS
-    at = 8 + n + header["train.tokens"]["data_offsets"][0] + 2 * k
+    at = header["train.tokens"]["at"] + 2 * k
     patch(shard, at, np.uint16)
     cfg = config(store, "carry", "pad")
     views = build(store, tmp_path / "v", cfg, manifest=tokens / "manifest.json")
@@ -286,8 +295,6 @@ def test_unshuffled_view_without_segment_ids_passes_and_a_config_mismatch_is_nam
 def test_view_json_counts_and_identity_are_checked(store, tmp_path, fmt, split, key, value):
     """What view.json says (rows and token counts copied into stats.json, the fingerprint training resumes
     on, the tokenizer evaluate checks) must be what the view and its store hold."""
-    import json
-
     cfg = config(store)
     (view,) = build(store, tmp_path, cfg, fmts=(fmt,))
     run_verify(store, [view], cfg, tmp_path)  # passes as written
@@ -303,19 +310,14 @@ def test_view_json_counts_and_identity_are_checked(store, tmp_path, fmt, split, 
 def test_doc_ids_out_of_place_are_caught(store, tmp_path, change):
     """doc_ids are not under the shards' sha256 (tokens are): a document id repeated, two swapped, or one
     in both splits of a shard (a tokenize bug, a hand edit) is named, not passed (nor a KeyError later)."""
-    tokens = tmp_path / "tokens"
-    shutil.copytree(store["tokens"], tokens)
-    shard = tokens / "shard-00000.safetensors"
-    with open(shard, "rb") as fh:
-        (n,) = struct.unpack("<Q", fh.read(8))
-        header = json.loads(fh.read(n))
+    tokens, shard, header = copied_shard(store, tmp_path)
     raw = bytearray(shard.read_bytes())
     from safetensors import safe_open
 
     with safe_open(str(shard), framework="numpy") as f:
         train, val = f.get_tensor("train.doc_ids"), f.get_tensor("val.doc_ids")
     assert train.size > 2 and val.size >= 1 and train.dtype == np.int64 and header["train.doc_ids"]["dtype"] == "I64"
-    a_train, a_val = (8 + n + header[f"{s}.doc_ids"]["data_offsets"][0] for s in ("train", "val"))
+    a_train, a_val = (header[f"{s}.doc_ids"]["at"] for s in ("train", "val"))
     if change == "repeat":
         raw[a_train + 8 : a_train + 16] = train[:1].astype("<i8").tobytes()
     elif change == "swap":
