@@ -355,3 +355,31 @@ def test_manifest_counts_are_checked_against_the_shards(store, tmp_path, key):
     (tokens / "manifest.json").write_text(json.dumps(manifest))
     cfg = config(store)
     fails([f"{key} .* differs from its shards'"], lambda: run_verify(store, [], cfg, tmp_path, manifest=tokens / "manifest.json"))
+
+
+@pytest.mark.parametrize("fmt", ["hf", "litgpt", "megatron"])
+def test_a_view_holding_a_file_it_does_not_write_fails(store, tmp_path, fmt):
+    """A view folder is one job's output: a file it does not write (a copy, a temp file of another writer)
+    is named, not hashed into stats.json as part of the view."""
+    cfg = config(store)
+    (view,) = build(store, tmp_path, cfg, fmts=(fmt,))
+    run_verify(store, [view], cfg, tmp_path)  # passes as written
+    (view / "notes.txt").write_text("not the view's")
+    fails([re.escape(str(view)), "notes.txt"], lambda: run_verify(store, [view], cfg, tmp_path))
+
+
+def test_store_files_the_manifest_does_not_name_are_listed_apart(store, tmp_path):
+    """Shards of an earlier job grouping (data.shards_per_job changed: Snakemake leaves the old job folders)
+    are not the store: stats.json hashes the manifest, its shards and their jobs' read.json only, and
+    lists the rest as stray."""
+    tokens, shard, _ = copied_shard(store, tmp_path)
+    (tokens / "job-old").mkdir()
+    shutil.copy(shard, tokens / "job-old" / "shard-00000.safetensors")
+    (tokens / "notes.txt").write_text("x")
+    cfg = config(store)
+    stats = run_verify(store, [], cfg, tmp_path, manifest=tokens / "manifest.json")
+    manifest = json.loads((tokens / "manifest.json").read_text())
+    want = {str(tokens / "manifest.json"), *(str(tokens / e["file"]) for e in manifest["shards"])}
+    assert want <= set(stats["files"])
+    assert not {f for f in stats["files"] if "job-old" in f or f.endswith("notes.txt")}
+    assert stats["stray"] == sorted([str(tokens / "job-old" / "shard-00000.safetensors"), str(tokens / "notes.txt")])

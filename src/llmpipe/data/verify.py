@@ -128,6 +128,31 @@ def _check_view_key(store: TokenStore, view: Path, info: dict, data_cfg: dict | 
             raise VerifyError(f"{view}/view.json: fingerprint {info.get('fingerprint')}, this store and config make {want}")
 
 
+def _check_view_entries(view: Path, info: dict) -> None:
+    """A view folder holds what its writer makes and nothing else (each split's own files are checked with it)."""
+    if info["format"] == "megatron":
+        want = {"view.json", *(info[s]["prefix"] + ext for s in SPLITS for ext in (".bin", ".idx"))}
+    else:
+        want = {"view.json", *{"hf": ("train", "val"), "litgpt": ("train", "validation")}[info["format"]]}
+    extra = sorted(p.name for p in view.iterdir() if p.name not in want)
+    if extra:
+        raise VerifyError(f"{view}: holds {', '.join(extra)}, which the {info['format']} view does not write")
+
+
+def _store_files(store: TokenStore) -> tuple[list[Path], list[str]]:
+    """(the store's files: manifest, shards and their jobs' read stats; the other files under its folder, such
+    as the job folders of an earlier data.shards_per_job, which Snakemake leaves in place)."""
+    from llmpipe.data.tokenize import READ_FILE
+
+    shards = [store.root / e["file"] for e in store.manifest["shards"]]
+    reads = {s.parent / READ_FILE for s in shards if (s.parent / READ_FILE).is_file()}
+    ours = {store.manifest_path, *shards, *reads}
+    stray = sorted(str(p) for p in store.root.rglob("*") if p.is_file() and p not in ours)
+    if stray:
+        log.warning("%d files under %s are not part of its manifest (not hashed): %s", len(stray), store.root, stray[:5])
+    return sorted(ours), stray
+
+
 def _check_counts(where: str, recorded: dict, made: dict) -> None:
     """The counts view.json records for a split (copied into stats.json) against those of the layout checked."""
     for key, value in made.items():
@@ -387,9 +412,12 @@ def verify(
         check = {"hf": verify_hf, "litgpt": verify_litgpt, "megatron": verify_megatron}[info["format"]]
         result["views"][info["format"]] = {"conservation": check(store, view, info, data_cfg), **{s: info[s] for s in SPLITS}}
         _check_view_key(store, view, info, data_cfg)
-    for root in [store.root, *views]:
-        for f in sorted(p for p in root.rglob("*") if p.is_file()):
-            result["files"][str(f)] = {"bytes": f.stat().st_size, "sha256": sha256_file(f)}
+        _check_view_entries(view, info)
+    files, result["stray"] = _store_files(store)
+    for view in views:
+        files += sorted(p for p in view.rglob("*") if p.is_file())
+    for f in files:
+        result["files"][str(f)] = {"bytes": f.stat().st_size, "sha256": sha256_file(f)}
     write_json(out, result)
     log.info("verified: %s", {k: result[k] for k in ("documents", "tokens", "tokenization")})
     return result
