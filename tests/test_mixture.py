@@ -196,3 +196,22 @@ def test_verify_recomputes_the_group_shares(corpus, tmp_path):
     (store / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(VerifyError, match="by_group .* differs from its shards'"):
         check_store(TokenStore(store / "manifest.json"), mix=mix)
+
+
+def test_stats_and_report_show_the_shares_held(corpus, tmp_path):
+    """stats.json carries by_group (checked by verify against the shards) and the report's data page
+    shows each group's target and achieved share of the train tokens."""
+    from llmpipe.data.verify import verify
+    from llmpipe.report import data_page
+
+    cfg = mixture_config(corpus, 2)
+    manifest, _, _, store = build(tmp_path, cfg)
+    stats = verify(
+        store / "manifest.json", [], tmp_path / "tok", tmp_path / "sources.json", cfg["data"], tmp_path / "stats.json", 0
+    )
+    assert stats["by_group"] == manifest["by_group"]
+    page = data_page(json.loads((tmp_path / "stats.json").read_text()))
+    mixture_table = page.split("<h4>Mixture</h4>")[1].split("</table>")[0]
+    for name, g in manifest["by_group"].items():
+        cells = [name, f"{g['target_share']:.1%}", f"{g['share']:.1%}", f"{g['train_tokens']:,}", f"{g['val_tokens']:,}"]
+        assert "".join(f"<td>{c}</td>" for c in cells) in mixture_table, (cells, mixture_table)

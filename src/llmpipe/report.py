@@ -158,9 +158,18 @@ def data_page(stats: dict) -> str:
                     s["remainder"],
                 )
             )
+    mixture = [
+        (name, f"{g['target_share']:.1%}", f"{g['share']:.1%}", f"{g['train_tokens']:,}", f"{g['val_tokens']:,}")
+        for name, g in stats.get("by_group", {}).items()
+    ]
     body = (
         "<h3>Data</h3>"
         + _table(facts)
+        + (
+            "<h4>Mixture</h4>" + _table(mixture, ("group", "target share", "share of train tokens", "train tokens", "val tokens"))
+            if mixture
+            else ""
+        )
         + "<h4>Views</h4>"
         + _table(views, ("view", "split", "rows", "tokens in", "tokens packed", "dropped", "padded", "remainder"))
         + "<details><summary>stats.json</summary><pre>"

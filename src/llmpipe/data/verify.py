@@ -397,6 +397,7 @@ def verify(
         "tokens": {s: store.manifest["totals"][s]["tokens"] for s in SPLITS},
         "read": store.manifest["read"],
         "source_sha256": store.manifest.get("source_sha256"),  # taken by the tokenize jobs as they read
+        **({"by_group": store.manifest["by_group"]} if "by_group" in store.manifest else {}),  # checked by check_store
         "views": {},
         "files": {},
     }
