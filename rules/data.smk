@@ -5,6 +5,9 @@
 # data keys only pack and verify read: the steps before them are not given them, so a change there reruns
 # only what reads it (tests/test_workflow.py)
 VIEW_ONLY = tuple(f"data.{k}" for k in (*VIEW_KEYS, "views", "verify_sample"))
+# ... and those only the tokenize jobs read (get_data reads every source of a mixture to count its groups;
+# a trained tokenizer reads val_fraction too: it leaves validation documents out)
+TOKENIZE_ONLY = tuple(f"data.{k}" for k in ("shards_per_job", "add_bos", "long_pretoken"))
 
 
 rule get_data:
@@ -18,7 +21,7 @@ rule get_data:
         "../envs/torch.yaml"
     threads: GET_DATA_THREADS
     params:
-        cfg=cfg_json("data", drop=VIEW_ONLY),
+        cfg=cfg_json("data", drop=(*VIEW_ONLY, *TOKENIZE_ONLY, "data.val_fraction")),
         files=corpus_stat,  # size, mtime, ctime, inode: an edit that keeps the mtime still reruns it
         remote=corpus_remote,  # ETag / version id of objects, commit of Hub datasets, as listed now
     shell:
@@ -41,7 +44,7 @@ rule tokenizer:
             *(["data"] if config["tokenizer"]["source"] == "train" else []),
             "tokenizer",
             *(["hub.cache_dir", "hub.endpoint"] if is_hub_ref(config["tokenizer"]["source"]) else []),
-            drop=(*VIEW_ONLY, "tokenizer.backend"),
+            drop=(*VIEW_ONLY, *TOKENIZE_ONLY, "tokenizer.backend"),
         ),
         sources=lambda wildcards, input: (["--sources", input[0]] if config["tokenizer"]["source"] == "train" else []),
     shell:

@@ -199,3 +199,14 @@ def test_encoder_choice_and_data_keys_leave_a_copied_tokenizer_and_the_init_alon
     for setting in ("tokenizer={backend: hf}", "data={shards_per_job: 1}"):
         planned = jobs(snakemake("-n", "--config", setting).stdout)
         assert "tokenize" in planned and not {"tokenizer", "init_model"} & planned, (setting, planned)
+
+
+@pytest.mark.parametrize(
+    "setting", ["data={shards_per_job: 1}", "data={add_bos: never}", "data={long_pretoken: skip}", "data={val_fraction: 0.2}"]
+)
+def test_data_keys_only_tokenize_reads_leave_get_data_alone(done_run, setting):
+    """get-data lists and keys the sources (for a mixture it reads them all to count its groups): a key
+    only the tokenize jobs read reruns them, not get-data."""
+    work, snakemake = done_run
+    planned = jobs(snakemake("-n", "--config", setting).stdout)
+    assert "tokenize" in planned and "get_data" not in planned, (setting, planned)

@@ -363,6 +363,7 @@ def test_a_view_holding_a_file_it_does_not_write_fails(store, tmp_path, fmt):
     is named, not hashed into stats.json as part of the view."""
     cfg = config(store)
     (view,) = build(store, tmp_path, cfg, fmts=(fmt,))
+    (view / ".snakemake_timestamp").touch()  # Snakemake's own mark in a directory() output
     run_verify(store, [view], cfg, tmp_path)  # passes as written
     (view / "notes.txt").write_text("not the view's")
     fails([re.escape(str(view)), "notes.txt"], lambda: run_verify(store, [view], cfg, tmp_path))
@@ -376,6 +377,7 @@ def test_store_files_the_manifest_does_not_name_are_listed_apart(store, tmp_path
     (tokens / "job-old").mkdir()
     shutil.copy(shard, tokens / "job-old" / "shard-00000.safetensors")
     (tokens / "notes.txt").write_text("x")
+    (tokens / ".snakemake_timestamp").touch()
     cfg = config(store)
     stats = run_verify(store, [], cfg, tmp_path, manifest=tokens / "manifest.json")
     manifest = json.loads((tokens / "manifest.json").read_text())

@@ -128,13 +128,16 @@ def _check_view_key(store: TokenStore, view: Path, info: dict, data_cfg: dict | 
             raise VerifyError(f"{view}/view.json: fingerprint {info.get('fingerprint')}, this store and config make {want}")
 
 
+SNAKEMAKE_MARK = ".snakemake_timestamp"  # Snakemake's own file in a directory() output
+
+
 def _check_view_entries(view: Path, info: dict) -> None:
     """A view folder holds what its writer makes and nothing else (each split's own files are checked with it)."""
     if info["format"] == "megatron":
         want = {"view.json", *(info[s]["prefix"] + ext for s in SPLITS for ext in (".bin", ".idx"))}
     else:
         want = {"view.json", *{"hf": ("train", "val"), "litgpt": ("train", "validation")}[info["format"]]}
-    extra = sorted(p.name for p in view.iterdir() if p.name not in want)
+    extra = sorted(p.name for p in view.iterdir() if p.name not in want and p.name != SNAKEMAKE_MARK)
     if extra:
         raise VerifyError(f"{view}: holds {', '.join(extra)}, which the {info['format']} view does not write")
 
@@ -147,7 +150,7 @@ def _store_files(store: TokenStore) -> tuple[list[Path], list[str]]:
     shards = [store.root / e["file"] for e in store.manifest["shards"]]
     reads = {s.parent / READ_FILE for s in shards if (s.parent / READ_FILE).is_file()}
     ours = {store.manifest_path, *shards, *reads}
-    stray = sorted(str(p) for p in store.root.rglob("*") if p.is_file() and p not in ours)
+    stray = sorted(str(p) for p in store.root.rglob("*") if p.is_file() and p not in ours and p.name != SNAKEMAKE_MARK)
     if stray:
         log.warning("%d files under %s are not part of its manifest (not hashed): %s", len(stray), store.root, stray[:5])
     return sorted(ours), stray
@@ -416,7 +419,7 @@ def verify(
         _check_view_entries(view, info)
     files, result["stray"] = _store_files(store)
     for view in views:
-        files += sorted(p for p in view.rglob("*") if p.is_file())
+        files += sorted(p for p in view.rglob("*") if p.is_file() and p.name != SNAKEMAKE_MARK)
     for f in files:
         result["files"][str(f)] = {"bytes": f.stat().st_size, "sha256": sha256_file(f)}
     write_json(out, result)
