@@ -44,9 +44,11 @@ if workflow.is_main_process:  # cluster jobs run under the identity their main p
         raise WorkflowError(_clash)
 BACKEND = config["train"]["backend"]  # validated: one of llmpipe.backends.available()
 BACKEND_RULES = str(backends.get(BACKEND).rules_file())
-if BACKEND in ("torch", "colossal"):  # before Snakemake deletes the old model to train again
-    _sections = (backends.get(BACKEND).resume_sections or (lambda cfg: {}))(config)
-    _changed = changed_settings(config, Path(RUN) / "checkpoints" / BACKEND, config["run"], _sections)
+_backend = backends.get(BACKEND)
+if _backend.resume_sections:  # before Snakemake deletes the old model to train again
+    _changed = changed_settings(
+        config, Path(RUN) / "checkpoints" / BACKEND, config["run"], _backend.resume_sections(config), _backend.newest_state
+    )
     if _changed:
         raise WorkflowError(_changed)
 

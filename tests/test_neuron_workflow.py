@@ -173,3 +173,23 @@ def test_neuron_dag_runs_end_to_end_with_a_fake_trainer(tmp_path):
         timeout=300,
     )
     assert dry.returncode == 0 and "rule neuron_precompile:" in dry.stdout and "rule neuron_shard:" not in dry.stdout
+
+    # the fingerprint neuron-train recorded beside the steps is the one the workflow computes: a changed
+    # setting stops the dry run before any job, and nothing is deleted (an unchanged one ran on above)
+    from llmpipe.backends.neuron.resume import RECORD
+
+    assert json.loads((neuron / "nxd" / RECORD).read_text())["fingerprint"]["neuron"]["tp"] == 2
+    cfg["train"]["lr"] = 0.0123
+    (work / "neuron.yaml").write_text(json.dumps(cfg))
+    dry = subprocess.run(
+        [sys.executable, "-m", "snakemake", "results/t/checkpoints/neuron/final", "-n", "--profile", "profiles/local"]
+        + ["--configfile", "neuron.yaml"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    text = dry.stdout + dry.stderr
+    assert dry.returncode != 0 and "has checkpoints trained with other settings (step_4: train.lr " in text, text[-3000:]
+    assert (neuron / "nxd/step_4/done").is_file()

@@ -39,6 +39,9 @@ class Backend:
     # config -> its fingerprint sections beside train.* (the layout its checkpoints hold): its trainer
     # records them and the workflow refuses, before any job, a change that would not resume
     resume_sections: Callable[[dict], dict] | None = None
+    # <run>/checkpoints/<name> -> (its newest complete checkpoint, {"fingerprint": ...} recorded for it) or
+    # None; None = llmpipe.train's checkpoints (step_<N>/trainer_state.json)
+    newest_state: Callable[[Path], tuple[Path, dict] | None] | None = None
 
     def rules_file(self) -> Path:
         return Path(self.rules) if self.rules else REPO / "rules" / f"train_{self.name}.smk"

@@ -134,11 +134,11 @@ def changed_inputs(root: Path, init_dir: Path, view_dir: Path, run: str) -> str 
     )
 
 
-def changed_settings(cfg: dict, root: Path, run: str, sections: dict | None = None) -> str | None:
+def changed_settings(cfg: dict, root: Path, run: str, sections: dict | None = None, newest=None) -> str | None:
     """One line naming the train.* keys and backend `sections` keys (Backend.resume_sections: the layout)
-    that differ from the run's newest checkpoint, with the two ways out; None when they agree, there is
-    none, or train.resume is false."""
-    found = newest_state(root) if cfg["train"]["resume"] else None
+    that differ from the run's newest checkpoint (`newest`: Backend.newest_state, default ours), with the
+    two ways out; None when they agree, there is none, or train.resume is false."""
+    found = (newest or newest_state)(root) if cfg["train"]["resume"] else None
     if found is None or "fingerprint" not in found[1]:
         return None
     path, state = found

@@ -6,6 +6,7 @@ xser     reader of NxD training checkpoints (xser reference file + .tensors fold
 torchfile  torch.save files read (os.pread at each tensor's offset) and written one tensor at a time
 merge    NxD rank files (a training step or the pretrained shards) -> HF safetensors + config + tokenizer
 commands the precompile (neuron_parallel_compile) and training commands: env, flags, srun + torchrun
+resume   the fingerprint neuron-train records beside NxD's steps, checked before it resumes them
 """
 
 from pathlib import Path
@@ -24,6 +25,18 @@ def _parallel_defaults(cfg: dict) -> dict:
     selective checkpointing as NxD's recipes."""
     cores = {"trn1": 32, "trn2": 64}[cfg["neuron"]["hw_backend"]]
     return {"nproc_per_node": cores, "zero": 1, "activation_checkpointing": "selective"}
+
+
+def _resume_sections(cfg: dict) -> dict:
+    from llmpipe.backends.neuron.resume import resume_sections
+
+    return resume_sections(cfg)
+
+
+def _newest_state(root: Path) -> tuple[Path, dict] | None:
+    from llmpipe.backends.neuron.resume import newest_state
+
+    return newest_state(root)
 
 
 BACKEND = Backend(
@@ -45,4 +58,6 @@ BACKEND = Backend(
     section_schema=Path(__file__).with_name("schema.yaml"),
     checks=_checks,
     parallel_defaults=_parallel_defaults,
+    resume_sections=_resume_sections,
+    newest_state=_newest_state,
 )

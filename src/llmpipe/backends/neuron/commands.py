@@ -48,7 +48,9 @@ from pathlib import Path
 from llmpipe import config as cfgmod
 from llmpipe import launch
 from llmpipe.backends.neuron.layout import Dims, Layout, LayoutError
+from llmpipe.backends.neuron.resume import complete_steps, prepare
 from llmpipe.io import write_json
+from llmpipe.train.checkpoint import CheckpointError
 
 log = logging.getLogger(__name__)
 
@@ -416,13 +418,15 @@ def main(argv: list[str] | None = None, phase: str = "train") -> None:
             print(render(env, cmd), end="")
             return
         check_inputs(cfg, args.init, args.data, args.checkpoint_dir)
+        if phase == "train":
+            prepare(cfg, Path(args.init), Path(args.data), Path(args.checkpoint_dir))
         if phase == "train" and script_kind(cfg) == "tp_zero1" and t["resume"] and any(Path(args.checkpoint_dir).glob("step_*")):
             log.warning(
                 "resuming with %s: it restores the step, weights and optimizer but reads the data from its start "
                 "again (its loop skips no batches; run_llama_nxd.py does): the first steps' sequences are seen twice",
                 Path(SCRIPTS["tp_zero1"]).name,
             )
-    except (NeuronConfigError, launch.LaunchError, subprocess.CalledProcessError) as exc:
+    except (NeuronConfigError, launch.LaunchError, subprocess.CalledProcessError, CheckpointError) as exc:
         raise SystemExit(f"llmpipe neuron-{phase}: {exc}") from None
     print(render(env, cmd), file=sys.stderr, flush=True)
     run_env = dict(os.environ)
@@ -443,8 +447,6 @@ def main(argv: list[str] | None = None, phase: str = "train") -> None:
         **batch_plan(cfg),
     }
     if phase == "train":
-        from llmpipe.backends.neuron.merge import complete_steps
-
         steps = complete_steps(Path(args.checkpoint_dir))
         if not steps or steps[-1] < cfg["train"]["max_steps"]:
             raise SystemExit(

@@ -21,7 +21,6 @@ import argparse
 import json
 import logging
 import math
-import re
 import struct
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -39,6 +38,7 @@ from llmpipe.backends.neuron.layout import (
     rank_candidates,
     rank_files_in,
 )
+from llmpipe.backends.neuron.resume import complete_steps
 from llmpipe.backends.neuron.shard import LAYOUT_FILE, map_large_allocations
 from llmpipe.backends.neuron.xser import RankFile
 from llmpipe.io import atomic_path, write_json
@@ -46,19 +46,7 @@ from llmpipe.io import atomic_path, write_json
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-STEP_RE = re.compile(r"^step_(\d+)$")
 IGNORED = ("rotary_emb.",)  # buffers a trainer may save; not weights of the HF model
-
-
-def complete_steps(ckpt_dir: Path) -> list[int]:
-    """Training steps under an NxD checkpoint dir that have their `done` marker, ascending."""
-    if not ckpt_dir.is_dir():
-        return []
-    return sorted(
-        int(m.group(1))
-        for p in ckpt_dir.iterdir()
-        if (m := STEP_RE.match(p.name)) and (p / "done").is_file() and (p / "model").is_dir()
-    )
 
 
 def model_dir(ckpt_dir: Path, step: str) -> tuple[Path, str]:

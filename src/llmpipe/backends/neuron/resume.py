@@ -1,0 +1,72 @@
+"""Resume guard of the neuron backend. NxD's step_<N> checkpoints carry none of our settings, so before it
+launches training `neuron-train` records the fingerprint they are trained under (llmpipe.train.resume:
+train.* settings, the NxD layout, the initial model, the data view) beside them in RECORD, and refuses
+to resume under another. The workflow compares it before any job (Backend.newest_state), as for the
+torch and colossal trainers. Under train.resume false the old steps are removed first: NxD would keep
+later ones beside the new run's, and neuron_merge takes the newest.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shutil
+from pathlib import Path
+
+from llmpipe.io import write_json
+
+log = logging.getLogger(__name__)
+
+STEP_RE = re.compile(r"^step_(\d+)$")
+RECORD = "llmpipe-fingerprint.json"  # in the NxD checkpoint dir, beside step_<N>/
+
+
+def complete_steps(ckpt_dir: Path) -> list[int]:
+    """Training steps under an NxD checkpoint dir that have their `done` marker, ascending."""
+    if not ckpt_dir.is_dir():
+        return []
+    return sorted(
+        int(m.group(1))
+        for p in ckpt_dir.iterdir()
+        if (m := STEP_RE.match(p.name)) and (p / "done").is_file() and (p / "model").is_dir()
+    )
+
+
+def resume_sections(cfg: dict) -> dict:
+    """The layout NxD's rank files and optimizer shards are cut by: a checkpoint resumes only under it."""
+    from llmpipe.backends.neuron.layout import Layout
+
+    return {"neuron": {**Layout.from_config(cfg).to_json(), "zero": cfg["parallel"].get("zero")}}
+
+
+def recorded(ckpt_dir: Path) -> tuple[Path, dict] | None:
+    """(newest complete step, {"fingerprint": ...} it was trained under) or None (no step, or no record)."""
+    steps = complete_steps(ckpt_dir)
+    if not steps or not (ckpt_dir / RECORD).is_file():
+        return None
+    return ckpt_dir / f"step_{steps[-1]}", json.loads((ckpt_dir / RECORD).read_text())
+
+
+def newest_state(root: Path) -> tuple[Path, dict] | None:
+    """Backend.newest_state: `root` is <run>/checkpoints/neuron, NxD's checkpoint dir its nxd/."""
+    return recorded(root / "nxd")
+
+
+def prepare(cfg: dict, init_dir: Path, view_dir: Path, ckpt_dir: Path) -> None:
+    """Before training is launched: refuse steps trained under another fingerprint (train.resume true), or
+    remove every old step (false); then record this run's fingerprint."""
+    from llmpipe.train.resume import check_fingerprint, fingerprint
+
+    fp = fingerprint(cfg, init_dir, view_dir, **resume_sections(cfg))
+    steps = sorted(p for p in ckpt_dir.iterdir() if STEP_RE.match(p.name)) if ckpt_dir.is_dir() else []
+    if not cfg["train"]["resume"]:
+        if steps:
+            log.info("train.resume is false: removing %d old checkpoints (%s)", len(steps), ", ".join(p.name for p in steps))
+        for p in steps:
+            shutil.rmtree(p)
+    elif (found := recorded(ckpt_dir)) is not None:
+        check_fingerprint(found[1]["fingerprint"], fp, found[0], ckpt_dir)
+    elif complete_steps(ckpt_dir):
+        log.warning("%s: steps without %s (written before it was recorded): resumed unchecked", ckpt_dir, RECORD)
+    write_json(ckpt_dir / RECORD, {"fingerprint": fp})

@@ -1,0 +1,71 @@
+"""The neuron backend's resume guard (llmpipe.backends.neuron.resume). NxD's step_<N> folders are stand-ins
+here (a `model/` folder and a `done` marker, what complete_steps reads): Trainium cannot run. The
+fingerprint, the refusal and the workflow's parse-time check are the real code."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from llmpipe.backends import get
+from llmpipe.backends.neuron.resume import RECORD, prepare
+from llmpipe.train.checkpoint import CheckpointError
+from llmpipe.train.resume import changed_settings
+from tests.conftest import merge
+from tests.test_neuron_commands import preset
+
+
+@pytest.fixture
+def run(tmp_path):
+    """A 7B trn1 preset's config, an initial model and a view (their bytes are what the fingerprint
+    hashes), and the NxD checkpoint dir at <run>/checkpoints/neuron/nxd."""
+    init, view = tmp_path / "init", tmp_path / "view"
+    init.mkdir()
+    view.mkdir()
+    (init / "model.safetensors").write_bytes(b"weights")
+    (init / "config.json").write_text("{}")
+    (view / "view.json").write_text(json.dumps({"fingerprint": "v1"}))
+    nxd = tmp_path / "checkpoints/neuron/nxd"
+    (nxd / "pretrained_weight" / "model").mkdir(parents=True)
+    return preset("llama-2-7b-trn1"), init, view, nxd
+
+
+def trained(nxd, *steps):
+    for s in steps:
+        (nxd / f"step_{s}" / "model").mkdir(parents=True)
+        (nxd / f"step_{s}" / "done").write_text("1")
+
+
+def test_a_changed_setting_or_layout_is_refused_before_launch_and_before_any_job(run):
+    cfg, init, view, nxd = run
+    prepare(cfg, init, view, nxd)  # a fresh run records its fingerprint
+    trained(nxd, 100, 200)
+    prepare(cfg, init, view, nxd)  # the same settings resume
+    lr = merge(cfg, {"train": {"lr": cfg["train"]["lr"] * 2}})
+    with pytest.raises(CheckpointError, match=r"step_200 belongs to a different training setup .*'lr'"):
+        prepare(lr, init, view, nxd)
+    backend = get("neuron")
+    line = changed_settings(lr, nxd.parent, "default", backend.resume_sections(lr), backend.newest_state)
+    assert line.startswith("run 'default' has checkpoints trained with other settings (step_200: train.lr ")
+    tp = merge(cfg, {"parallel": {"tp": cfg["parallel"]["tp"] // 2}})
+    line = changed_settings(tp, nxd.parent, "default", backend.resume_sections(tp), backend.newest_state)
+    assert f"neuron.tp {cfg['parallel']['tp']} -> {cfg['parallel']['tp'] // 2}" in line
+    assert changed_settings(cfg, nxd.parent, "default", backend.resume_sections(cfg), backend.newest_state) is None
+    (view / "view.json").write_text(json.dumps({"fingerprint": "v2"}))  # other data: refused in the job
+    with pytest.raises(CheckpointError, match="data view same: False"):
+        prepare(cfg, init, view, nxd)
+    assert sorted(p.name for p in nxd.iterdir()) == [RECORD, "pretrained_weight", "step_100", "step_200"]  # nothing deleted
+
+
+def test_resume_false_removes_the_old_steps_so_merge_cannot_take_one(run):
+    """NxD writes the new run's steps beside the old ones and neuron_merge takes the newest: a restart
+    with fewer steps would have exported the old run's model."""
+    cfg, init, view, nxd = run
+    prepare(cfg, init, view, nxd)
+    trained(nxd, 100, 200)
+    (nxd / "step_300").mkdir()  # a step cut short by a kill
+    lr = merge(cfg, {"train": {"lr": cfg["train"]["lr"] * 2, "resume": False}})
+    prepare(lr, init, view, nxd)
+    assert sorted(p.name for p in nxd.iterdir()) == [RECORD, "pretrained_weight"]  # neuron_shard's output kept
+    assert json.loads((nxd / RECORD).read_text())["fingerprint"]["train"]["lr"] == lr["train"]["lr"]
