@@ -92,3 +92,28 @@ def test_snakemake_refuses_unknown_backend(tmp_path):
     )
     assert proc.returncode != 0
     assert "'train.backend': 'tpu-magic' is not one of" in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize(
+    "over, key, kind",
+    [
+        ({"data": {"sources": ["https://user:PWCANARY@host.example/x.jsonl"]}}, "data.sources[0]", "user name or password"),
+        (
+            {"data": {"sources": ["a.jsonl", {"path": "https://h.example/x.jsonl?X-Amz-Signature=SIGCANARY", "weight": 1}]}},
+            "data.sources[1].path",
+            "signature or token",
+        ),
+        ({"hub": {"endpoint": "https://hubuser:PWCANARY@hub.example/"}}, "hub.endpoint", "user name or password"),
+        ({"data": {"sources": ["https://h.example/x.jsonl?sig=SIGCANARY&se=2030"]}}, "data.sources[0]", "signature or token"),
+    ],
+)
+def test_a_url_holding_a_credential_is_refused_without_repeating_it(over, key, kind):
+    """Config values reach rule params (printed with each shell command, kept in .snakemake/metadata),
+    logs, stats.json and a released model card: a URL with a password or a presigned signature is refused,
+    naming the key and not the secret."""
+    with pytest.raises(cfgmod.ConfigError) as err:
+        cfgmod.load(over)
+    msg = str(err.value)
+    assert f"'{key}' is a URL holding" in msg and kind in msg
+    assert "CANARY" not in msg
+    cfgmod.load({"data": {"sources": ["https://h.example/x.jsonl?download=1", "s3://bucket/x.jsonl"]}})  # no credential

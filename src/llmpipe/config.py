@@ -252,12 +252,50 @@ def validate(config: dict | None, whole: bool = True) -> dict:
             raise ConfigError(f"invalid llmpipe config:\n{lines}")
         _remember(cache, config)
     parallelism.resolve(config)
-    problems = _cross_checks(config) + _hub_checks(config) + (_resource_checks(config) if whole else [])
+    problems = (
+        _credential_checks(config) + _cross_checks(config) + _hub_checks(config) + (_resource_checks(config) if whole else [])
+    )
     if whole and not problems:  # a backend's checks may assume the shared keys are consistent
         problems = backend_checks(config)
     if problems:
         raise ConfigError("invalid llmpipe config:\n" + "\n".join(f"  - {p}" for p in problems))
     return config
+
+
+# query parameters that carry a credential: S3 / GCS / Azure presigned URLs, bearer tokens
+SECRET_QUERY = re.compile(
+    r"[?&](x-amz-(signature|credential|security-token)|x-goog-(signature|credential)|awsaccesskeyid|signature|sig|"
+    r"token|access_token|api_key|apikey)=",
+    re.I,
+)
+
+
+def _credential_checks(config: dict) -> list[str]:
+    """A URL holding a credential (user:password@, a presigned signature, a token) anywhere in the config:
+    refused, as it would reach rule params, logs, stats.json and a released model card. The value is not
+    repeated in the message."""
+    out = []
+
+    def walk(value, where: str) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(v, f"{where}.{k}" if where else str(k))
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                walk(v, f"{where}[{i}]")
+        elif isinstance(value, str) and "://" in value:
+            authority = value.split("://", 1)[1].split("/", 1)[0]
+            kind = "a user name or password (user:password@host)" if "@" in authority else None
+            kind = kind or ("a signature or token in its query" if SECRET_QUERY.search(value) else None)
+            if kind:
+                out.append(
+                    f"'{where}' is a URL holding {kind}: it would be written to logs, Snakemake's records, stats.json "
+                    "and a released model card. Give credentials through the environment instead (the AWS credential "
+                    "chain for s3:// and SageMaker, HF_TOKEN for the Hub), or copy a private https:// file to a bucket"
+                )
+
+    walk(config, "")
+    return out
 
 
 def _cross_checks(config: dict) -> list[str]:
