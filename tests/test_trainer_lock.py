@@ -172,3 +172,35 @@ def test_kill_9_of_snakemake_stops_its_trainer_and_the_rerun_resumes_exactly(tmp
     assert steps == sorted(set(steps)) and steps[-1] == steps_total, "a step logged twice or missing"
     final = {run: (work / f"results/{run}/checkpoints/torch/final/model.safetensors").read_bytes() for run in ("whole", "killed")}
     assert final["whole"] == final["killed"]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
+def test_kill_9_of_the_launcher_stops_its_trainer_and_the_lease_holds_while_it_runs(tmp_path):
+    """The trainer runs in its own session (so the launcher can stop it gracefully): a launcher killed with
+    SIGKILL (its snakemake's process group killed) used to leave it training, and a rerun took the lease of
+    the dead launcher and trained beside it. Now the kernel sends it SIGTERM, and until its process group
+    is gone the lease is not taken over on its host."""
+    trainer = tmp_path / "trainer.py"
+    trainer.write_text(
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *a: (time.sleep(2), sys.exit(0)))  # a trainer saving on SIGTERM\n"
+        "while True: time.sleep(0.1)\n"
+    )
+    launch = [sys.executable, "-m", "llmpipe", "launch", "--launcher", "local", "--lock", str(tmp_path), "--"]
+    first = subprocess.Popen([*launch, str(trainer)], stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 30
+    while "group" not in (lockmod._read(tmp_path / lockmod.LOCK_NAME) or {}) and time.time() < deadline:
+        time.sleep(0.1)
+    group = lockmod._read(tmp_path / lockmod.LOCK_NAME)["group"]
+    assert lockmod.group_running(group)
+    first.kill()
+    first.wait(10)
+    second = subprocess.run([*launch, "-c", "print('trained')"], capture_output=True, text=True, timeout=60)
+    assert second.returncode != 0 and "trained" not in second.stdout  # the killed launcher's trainer still stops
+    assert f"its trainer process group {group}" in second.stderr, second.stderr
+    deadline = time.time() + 20
+    while lockmod.group_running(group) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not lockmod.group_running(group), "the trainer outlived its launcher"
+    third = subprocess.run([*launch, "-c", "print('trained')"], capture_output=True, text=True, timeout=60)
+    assert third.returncode == 0 and "trained" in third.stdout, third.stderr

@@ -191,6 +191,21 @@ def plan(
     return srun_command(args, alloc, nproc, port, python, auto_resume)
 
 
+# Run argv[2:] with SIGTERM sent to it when its parent (the launcher, argv[1]) dies, even by SIGKILL
+# (Linux PR_SET_PDEATHSIG, kept across exec): its own session would otherwise outlive the launcher and a
+# rerun would start a second trainer beside it. Not preexec_fn: the lease's heartbeat thread runs.
+DIES_WITH_PARENT = (
+    "import ctypes, os, signal, sys; "
+    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM); "
+    "os.getppid() == int(sys.argv[1]) or sys.exit('llmpipe launch: the launcher is gone'); "
+    "os.execvp(sys.argv[2], sys.argv[2:])"
+)
+
+
+def dies_with_parent(cmd: list[str]) -> list[str]:
+    return [sys.executable, "-c", DIES_WITH_PARENT, str(os.getpid()), *cmd] if sys.platform == "linux" else cmd
+
+
 def run_locked(cmd: list[str], env: dict, folder: str) -> int:
     """Run `cmd` holding the run's trainer lease; stop it (its whole process group) when the snakemake
     that started us dies or the lease is lost; the exit code is the command's."""
@@ -202,7 +217,8 @@ def run_locked(cmd: list[str], env: dict, folder: str) -> int:
     except LockHeld as exc:
         raise SystemExit(f"llmpipe launch: {exc}") from None
     driver = snakemake_ancestor()
-    child = subprocess.Popen(cmd, env=env, start_new_session=True)
+    child = subprocess.Popen(dies_with_parent(cmd), env=env, start_new_session=True)
+    lock.set_group(child.pid)  # its own session: the lease holds while any process of it runs
     stop = lambda signum, frame: os.killpg(child.pid, signum)
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)

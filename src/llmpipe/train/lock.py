@@ -5,7 +5,9 @@ by link (fails if one exists) and refreshed every HEARTBEAT seconds by atomic re
 (NFS, FSx, EFS) across nodes. A second trainer refuses at once, naming the holder. A lease is taken
 over when its holder is gone: on the same host when its pid no longer runs, from anywhere when its
 heartbeat is older than LEASE seconds (a dead node; clocks are assumed within seconds, as NTP keeps
-them). A lease that is not ours any more stops the training.
+them), but never on its host while a process of the trainer's process group (`group`) runs: a launcher
+killed with SIGKILL leaves no one to stop it at once (llmpipe.launch sends it SIGTERM through the kernel,
+PR_SET_PDEATHSIG, and it may take a while to stop). A lease that is not ours any more stops the training.
 """
 
 from __future__ import annotations
@@ -35,9 +37,23 @@ def _read(path: Path) -> dict | None:
         return None
 
 
-def holder_gone(holder: dict, now: float, host: str) -> bool:
-    if holder.get("host") == host and not pid_running(int(holder.get("pid", 0))):
+def group_running(pgid: int) -> bool:
+    """Whether any process of process group `pgid` runs on this host."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
         return True
+    return True
+
+
+def holder_gone(holder: dict, now: float, host: str) -> bool:
+    if holder.get("host") == host:
+        if holder.get("group") and group_running(int(holder["group"])):
+            return False  # its trainer still runs, whatever became of the launcher (killed with SIGKILL)
+        if not pid_running(int(holder.get("pid", 0))):
+            return True
     return now - float(holder.get("heartbeat", 0)) > LEASE
 
 
@@ -46,16 +62,24 @@ class TrainerLock:
         self.path = Path(folder) / LOCK_NAME
         self.host, self.pid, self.what = socket.gethostname(), os.getpid(), what
         self.started = time.time()
+        self.group: int | None = None  # the process group of the trainer it runs (set_group)
+        self._writing = threading.Lock()  # the heartbeat thread and set_group share one temp file
         self._stop = threading.Event()
         self.lost = threading.Event()
 
     def _record(self) -> dict:
-        return {"host": self.host, "pid": self.pid, "what": self.what, "started": self.started, "heartbeat": time.time()}
+        group = {"group": self.group} if self.group else {}
+        return {"host": self.host, "pid": self.pid, **group, "what": self.what, "started": self.started, "heartbeat": time.time()}
+
+    def set_group(self, pgid: int) -> None:
+        self.group = pgid
+        self._write()
 
     def _write(self) -> None:
         tmp = self.path.with_name(f"{LOCK_NAME}.{self.host}.{self.pid}.tmp")
-        tmp.write_text(json.dumps(self._record()))
-        os.replace(tmp, self.path)
+        with self._writing:
+            tmp.write_text(json.dumps(self._record()))
+            os.replace(tmp, self.path)
 
     def _ours(self) -> bool:
         held = _read(self.path)
@@ -96,9 +120,10 @@ class TrainerLock:
                 continue
             if not holder_gone(held, time.time(), self.host):
                 age = time.time() - float(held.get("heartbeat", 0))
+                group = f", its trainer process group {held['group']}" if held.get("group") else ""
                 raise LockHeld(
                     f"{self.path.parent} is held by another {held.get('what', 'trainer')}: pid {held.get('pid')} on "
-                    f"host {held.get('host')} (heartbeat {age:.0f} s ago): two trainers would write the same "
+                    f"host {held.get('host')}{group} (heartbeat {age:.0f} s ago): two trainers would write the same "
                     f"checkpoints. Stop that one, or wait for it; its lock ({self.path}) is released when it exits, "
                     f"or taken over {LEASE:.0f} s after its last heartbeat"
                 )
