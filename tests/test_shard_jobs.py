@@ -90,3 +90,84 @@ def test_dry_run_with_more_sources_than_shards_plans_at_most_64_jobs(tmp_path):
         write_jsonl(tmp_path / f"c{i:03d}.jsonl", corpus_docs(1))
     jobs, out = _dry_run_jobs(tmp_path, {"num_shards": 128, "sources": [str(tmp_path / "c*.jsonl")]})
     assert jobs == list(range(64)) and "--shards-per-job 2 " in out and "--threads 1 " in out
+
+
+def dead_pid() -> int:
+    from llmpipe.io import pid_running
+
+    return next(p for p in range(4_000_000, 3_000_000, -1) if not pid_running(p))
+
+
+def job_setup(tmp_path):
+    from llmpipe.data.get_data import get_data
+    from llmpipe.data.tokenizer import copy_tokenizer
+
+    write_jsonl(tmp_path / "corpus.jsonl", corpus_docs(40))
+    tok = tmp_path / "tok"
+    copy_tokenizer(REPO / "data" / "tokenizers" / "gpt2", tok)
+    cfg = tiny_config(tmp_path, data={"num_shards": 3, "shards_per_job": 3}, tokenizer={"source": str(tok)})
+    get_data(cfg["data"], tmp_path / "sources.json")
+    return cfg, tok
+
+
+def test_a_rerun_drops_the_old_completion_mark_and_what_killed_runs_left(tmp_path, monkeypatch):
+    """read.json marks a finished job (token-store refuses a folder without it): a rerun into the folder of
+    a finished job, killed part way, left the old one beside a mix of new and old shards, which token-store
+    took as complete. Temp shards and spool folders of killed runs are removed by the next run."""
+    import llmpipe.data.tokenize as tokmod
+    from llmpipe.data.token_store import job_reads
+
+    cfg, tok = job_setup(tmp_path)
+    folder = tmp_path / "job-00000"
+    tokenize_job(cfg, str(tmp_path / "sources.json"), 0, str(tok), folder, 2)
+    assert job_reads([folder])
+    pid = dead_pid()
+    left = [folder / f".shard-00001.safetensors.tmp-{pid}", folder / f".shard-00001.safetensors.tmp-{pid}.val.bin"]
+    for f in left:
+        f.write_bytes(b"partial")
+    (folder / f".spool-{pid}-abc").mkdir()
+    (folder / f".spool-{pid}-abc" / "doc").write_text("x")
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt  # a kill part way through the shards
+
+    monkeypatch.setattr(tokmod, "write", killed)
+    with pytest.raises(KeyboardInterrupt):
+        tokenize_job(cfg, str(tmp_path / "sources.json"), 0, str(tok), folder, 2)
+    with pytest.raises(ValueError, match="has no read.json .the job did not finish"):
+        job_reads([folder])
+    assert not any(f.exists() for f in left) and not (folder / f".spool-{pid}-abc").exists()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
+def test_workers_die_with_a_killed_job(tmp_path):
+    """A tokenize job's workers (spawned processes) went on writing and renaming shards into its folder after
+    the job was killed with SIGKILL (`daemon` covers only a normal exit)."""
+    import time
+
+    import psutil
+
+    cfg, tok = job_setup(tmp_path)
+    big = " ".join(corpus_docs(400)) * 8  # ~12 MB a document: a worker encodes one for seconds
+    write_jsonl(tmp_path / "corpus.jsonl", [big] * 6)
+    from llmpipe.data.get_data import get_data
+
+    get_data(cfg["data"], tmp_path / "sources.json")
+    (tmp_path / "cfg.json").write_text(json.dumps(cfg))
+    cmd = [sys.executable, "-m", "llmpipe", "tokenize", "--config", str(tmp_path / "cfg.json")]
+    cmd += ["--sources", str(tmp_path / "sources.json"), "--job", "0", "--shards-per-job", "3", "--tokenizer", str(tok)]
+    job = subprocess.Popen([*cmd, "--threads", "2", "--out", str(tmp_path / "job")], stderr=subprocess.PIPE, text=True)
+    workers, seen = [], ""
+    while len(workers) < 2:
+        line = job.stderr.readline()
+        assert line, seen
+        seen += line
+        workers += [int(p) for p in re.findall(r"worker pid (\d+) started", line)]
+    time.sleep(3)  # the workers are encoding
+    job.kill()
+    job.wait(10)
+    deadline = time.time() + 0.5
+    while any(psutil.pid_exists(w) and psutil.Process(w).status() != psutil.STATUS_ZOMBIE for w in workers):
+        assert time.time() < deadline, f"workers {workers} outlived their killed job"
+        time.sleep(0.05)
+    assert not list((tmp_path / "job").glob("shard-*")), "a shard was renamed into a killed job's folder"

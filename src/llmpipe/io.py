@@ -24,7 +24,7 @@ def atomic_path(target: str | Path) -> Iterator[Path]:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     _remove(tmp)
-    _remove_stale(target)
+    remove_stale(target)
     try:
         yield tmp
         _default_modes(tmp)
@@ -43,12 +43,34 @@ def atomic_path(target: str | Path) -> Iterator[Path]:
         _remove(tmp)
 
 
-def _remove_stale(target: Path) -> None:
+def remove_stale(target: Path) -> None:
     """Temporary siblings of `target` left by killed writers (`.name.tmp-PID*`, PID not running here)."""
     for stale in target.parent.glob(f".{glob.escape(target.name)}.tmp-*"):
         m = re.match(r"\d+", stale.name[len(target.name) + 6 :])
         if m and int(m.group()) != os.getpid() and not pid_running(int(m.group())):
             _remove(stale)
+
+
+def die_with_parent(parent: int, sig: int) -> None:
+    """Linux: the kernel sends this process `sig` when its parent dies (PR_SET_PDEATHSIG; a killed job's
+    workers would otherwise go on writing into its output); exits at once if `parent` is already gone."""
+    import sys
+
+    if sys.platform != "linux":
+        return
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def remove_stale_dirs(folder: Path, prefix: str) -> None:
+    """Folders `prefix<PID>-*` in `folder` left by killed processes (PID not running here)."""
+    for stale in folder.glob(f"{glob.escape(prefix)}*"):
+        m = re.match(r"(\d+)-", stale.name[len(prefix) :])
+        if stale.is_dir() and m and int(m.group(1)) != os.getpid() and not pid_running(int(m.group(1))):
+            shutil.rmtree(stale, ignore_errors=True)
 
 
 def pid_running(pid: int) -> bool:

@@ -14,6 +14,7 @@ import gc
 import logging
 import multiprocessing
 import os
+import signal
 import tempfile
 import time
 from pathlib import Path
@@ -22,6 +23,9 @@ from llmpipe.data import mixture
 from llmpipe.data.readers import ReadStats, StreamedText, documents
 from llmpipe.data.shard_set import BATCH_CHARS, BATCH_DOCS, ShardSet
 from llmpipe.data.sources import assign, doc_id, is_validation
+from llmpipe.io import die_with_parent
+
+SPOOL = ".spool-"  # + pid + "-": documents crossing to the workers; removed at the end (a killed job's: next run)
 
 log = logging.getLogger(__name__)
 
@@ -99,13 +103,15 @@ class _Workers:
         shards = sorted(outs)
         self.owner = {s: i % threads for i, s in enumerate(shards)}
         self.read_stats = {s: ReadStats() for s in shards}
-        self.spool = Path(tempfile.mkdtemp(prefix=".spool-", dir=Path(next(iter(outs.values()))).parent))
+        self.spool = Path(tempfile.mkdtemp(prefix=f"{SPOOL}{os.getpid()}-", dir=Path(next(iter(outs.values()))).parent))
         ctx = multiprocessing.get_context("spawn")
         self.conns, self.procs = [], []
         for w in range(threads):
             parent, child = ctx.Pipe()
             mine = {s: p for s, p in outs.items() if self.owner[s] == w}
-            proc = ctx.Process(target=_work, args=(child, cfg, sources, mine, str(tokenizer_dir), key_of), daemon=True)
+            proc = ctx.Process(
+                target=_work, args=(child, cfg, sources, mine, str(tokenizer_dir), key_of, os.getpid()), daemon=True
+            )
             proc.start()
             log.info("worker pid %d started at %.3f", proc.pid, time.time())
             child.close()
@@ -197,8 +203,10 @@ class _Spooled:
         return StreamedText(chunks, self.chars, self.nbytes, self.nul, self.blank)
 
 
-def _work(conn, cfg, sources, outs, tokenizer_dir, key_of) -> None:
-    """A worker: encode and write the documents of `outs` as they come; reply the shards to redo."""
+def _work(conn, cfg, sources, outs, tokenizer_dir, key_of, parent: int) -> None:
+    """A worker: encode and write the documents of `outs` as they come; reply the shards to redo. It dies
+    with the job (`daemon` does not cover a SIGKILL of it): nothing is written into a killed job's output."""
+    die_with_parent(parent, signal.SIGKILL)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     sink, spooled = None, []
     gc.disable()  # as shard_set.gc_paused: a process of its own

@@ -22,7 +22,7 @@ from llmpipe.data.long_docs import EncodeError
 from llmpipe.data.readers import BadRecord, SourceChanged
 from llmpipe.data.readers.opener import SourceSizeChanged
 from llmpipe.data.shard_set import SPLITS, gc_paused, token_dtype, use_bos  # noqa: F401 (their home before; imported from here)
-from llmpipe.io import atomic_path
+from llmpipe.io import atomic_path, remove_stale, remove_stale_dirs
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +122,7 @@ def tokenize_job(
     grouping (shards_per_job with the source count it saw). Beside the shards: read.json, the bytes
     read from each source (readers.SOURCE_BYTES)."""
     from llmpipe.data.get_data import read_sources
+    from llmpipe.data.job_reader import SPOOL
     from llmpipe.data.readers import SOURCE_BYTES, SOURCE_HASHES
 
     d = cfg["data"]
@@ -131,6 +132,10 @@ def tokenize_job(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     outs = {i: out_dir / shard_name(i) for i in shards}
+    (out_dir / READ_FILE).unlink(missing_ok=True)  # the job's mark of completion: gone until this run ends
+    for path in outs.values():  # what killed runs left: temp shards and spool folders
+        remove_stale(path)
+    remove_stale_dirs(out_dir, SPOOL)
     start = time.time()
     SOURCE_BYTES.clear()
     SOURCE_HASHES.clear()
