@@ -284,7 +284,7 @@ def test_resume_fingerprint_covers_the_parallel_layout(prepared):
     base = fp(plugin="gemini")
     assert fp(plugin="gemini_auto") == base
     assert fp(plugin="gemini", launcher="colossalai", master_port=1234) == base
-    assert fp(plugin="3d") != base and fp({"tp": 2}, plugin="3d") != fp(plugin="3d")
+    assert fp(plugin="3d") != base and fp({"tp": 2, "nproc_per_node": 2}, plugin="3d") != fp({"nproc_per_node": 2}, plugin="3d")
     cfg = cfgmod.validate(
         {
             **prepared["cfg"],

@@ -117,3 +117,39 @@ def test_a_url_holding_a_credential_is_refused_without_repeating_it(over, key, k
     assert f"'{key}' is a URL holding" in msg and kind in msg
     assert "CANARY" not in msg
     cfgmod.load({"data": {"sources": ["https://h.example/x.jsonl?download=1", "s3://bucket/x.jsonl"]}})  # no credential
+
+
+@pytest.mark.parametrize(
+    "over, needle",
+    [
+        (
+            {"train": {"backend": "colossal", "global_batch_size": 16, "micro_batch_size": 2}, "parallel": {"nproc_per_node": 6}},
+            "'train.global_batch_size' (16) is not a multiple of 'train.micro_batch_size' x 'parallel.nproc_per_node' x "
+            "'parallel.nnodes' (2 x 6 x 1)",
+        ),
+        (
+            {"train": {"backend": "colossal"}, "colossal": {"plugin": "3d"}, "parallel": {"tp": 4, "nproc_per_node": 6}},
+            "'parallel.tp' x 'parallel.pp' (4 x 1) does not divide the 6 processes",
+        ),
+        (
+            {
+                "train": {"backend": "colossal", "global_batch_size": 12, "micro_batch_size": 2, "seq_len": 64},
+                "colossal": {"plugin": "3d"},
+                "parallel": {"tp": 2, "nproc_per_node": 8},
+            },
+            "'train.global_batch_size' (12) is not a multiple of 'train.micro_batch_size' x 'parallel.nproc_per_node' x "
+            "'parallel.nnodes' / ('parallel.tp' x 'parallel.pp') (2 x 8 x 1 / (2 x 1))",
+        ),
+        ({"train": {"backend": "levanter", "global_batch_size": 7, "micro_batch_size": 2}}, "(7) is not a multiple of"),
+    ],
+)
+def test_batch_that_does_not_split_over_the_data_ranks_is_refused_for_every_backend(over, needle):
+    """Refused when the config is read, as for torch and neuron; colossal and levanter found it only inside
+    the (GPU / TPU) job."""
+    with pytest.raises(cfgmod.ConfigError) as err:
+        cfgmod.load(over, whole=True)
+    assert needle in str(err.value)
+    ok = {**over, "train": {**over["train"], "global_batch_size": 48, "micro_batch_size": 2}}
+    if over.get("parallel", {}).get("tp") == 4:
+        ok["parallel"] = {"tp": 4, "nproc_per_node": 8}
+    cfgmod.load(ok, whole=True)  # the same layout with a batch that splits

@@ -82,13 +82,21 @@ def refuse(cfg: dict, backend: str, allowed: dict) -> list[str]:
 
 
 def data_parallel_problems(cfg: dict) -> list[str]:
-    """Backends where every process is a data rank (torch): the global batch splits evenly over them."""
+    """The processes split into data ranks of tp x pp each, and the global batch evenly over those ranks."""
     t, p = cfg["train"], cfg["parallel"]
-    per_step = t["micro_batch_size"] * (p["nproc_per_node"] or 1) * p["nnodes"]
+    nproc, tp, pp = p["nproc_per_node"] or 1, p["tp"] or 1, p["pp"] or 1
+    world = nproc * p["nnodes"]
+    if world % (tp * pp):
+        return [
+            f"'parallel.tp' x 'parallel.pp' ({tp} x {pp}) does not divide the {world} processes ('parallel.nproc_per_node'"
+            f" x 'parallel.nnodes', {nproc} x {p['nnodes']})"
+        ]
+    per_step = t["micro_batch_size"] * world // (tp * pp)
     if t["global_batch_size"] % per_step:
+        model = " / ('parallel.tp' x 'parallel.pp')" if tp * pp > 1 else ""
         return [
             f"'train.global_batch_size' ({t['global_batch_size']}) is not a multiple of 'train.micro_batch_size'"
-            f" x 'parallel.nproc_per_node' x 'parallel.nnodes' ({t['micro_batch_size']} x {p['nproc_per_node']} x "
-            f"{p['nnodes']})"
+            f" x 'parallel.nproc_per_node' x 'parallel.nnodes'{model} ({t['micro_batch_size']} x {p['nproc_per_node']} x "
+            f"{p['nnodes']}{f' / ({tp} x {pp})' if model else ''})"
         ]
     return []

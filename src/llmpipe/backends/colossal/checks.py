@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from llmpipe.parallelism import refuse
+from llmpipe.parallelism import data_parallel_problems, refuse
 
 # The colossal keys the trainer reads (rule train_colossal passes them: a change reruns it); the others
 # (python, launcher, hostfile, master_port) only say how it is launched.
@@ -45,7 +45,7 @@ def resume_sections(cfg: dict) -> dict:
 
 
 def problems(cfg: dict) -> list[str]:
-    return layout_problems(cfg) + launcher_problems(cfg)
+    return (layout_problems(cfg) or data_parallel_problems(cfg)) + launcher_problems(cfg)
 
 
 def layout_problems(cfg: dict) -> list[str]:

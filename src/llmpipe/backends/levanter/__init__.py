@@ -25,7 +25,13 @@ def require_levanter() -> None:
 def _checks(cfg: dict) -> list[str]:
     from llmpipe.parallelism import refuse
 
-    return refuse(cfg, "levanter (FSDP)", {"tp": [1], "pp": [1], "zero": [3], "activation_checkpointing": [True, False]})
+    t = cfg["train"]
+    out = refuse(cfg, "levanter (FSDP)", {"tp": [1], "pp": [1], "zero": [3], "activation_checkpointing": [True, False]})
+    if t["global_batch_size"] % t["micro_batch_size"]:  # Levanter accumulates whole micro batches
+        out.append(
+            f"'train.global_batch_size' ({t['global_batch_size']}) is not a multiple of 'train.micro_batch_size' ({t['micro_batch_size']})"
+        )
+    return out
 
 
 BACKEND = Backend(

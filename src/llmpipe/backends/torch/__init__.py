@@ -9,7 +9,7 @@ def _checks(cfg: dict) -> list[str]:
     # zero 0: DDP, the whole model per process; zero 3: FSDP2 (fully_shard), weights, gradients and optimizer sharded
     out = refuse(cfg, "torch (DDP)", {"tp": [1], "pp": [1]})  # data parallel only
     out += refuse(cfg, "torch (DDP / FSDP2)", {"zero": [0, 3], "activation_checkpointing": [False, True]})
-    out += data_parallel_problems(cfg)
+    out = out or data_parallel_problems(cfg)  # on a layout it can train
     if cfg["train"].get("document_masking") is True and not cfg.get("data", {}).get("segment_ids", True):
         out.append("'train.document_masking' true needs the view's segment_ids, but 'data.segment_ids' is false")
     return out
