@@ -153,3 +153,13 @@ def test_batch_that_does_not_split_over_the_data_ranks_is_refused_for_every_back
     if over.get("parallel", {}).get("tp") == 4:
         ok["parallel"] = {"tp": 4, "nproc_per_node": 8}
     cfgmod.load(ok, whole=True)  # the same layout with a batch that splits
+
+
+def test_plan_settings_that_cannot_hold_are_refused_before_any_job():
+    """The plan job said so only after the whole data pipeline had run."""
+    with pytest.raises(cfgmod.ConfigError) as err:
+        cfgmod.load({"plan": {"epochs": 2, "tokens": 1000, "hardware": ["h100-typo", "p5.48xlarge"]}})
+    msg = str(err.value)
+    assert "'plan.tokens' and 'plan.epochs' are both set" in msg
+    assert "unknown plan.hardware h100-typo; the table has: " in msg and "p5.48xlarge" in msg.split("the table has:")[1]
+    cfgmod.load({"plan": {"tokens": 1000, "hardware": ["p5.48xlarge"]}})

@@ -334,6 +334,16 @@ def _cross_checks(config: dict) -> list[str]:
             f"'train.launcher' local starts one node's processes, but 'parallel.nnodes' is {nodes} (the other nodes"
             " would sit idle and the batch shrink): use launcher auto or srun"
         )
+    plan = config["plan"]
+    if plan["tokens"] is not None and plan["epochs"] is not None:
+        out.append("'plan.tokens' and 'plan.epochs' are both set: set one (each gives the steps)")
+    if plan["hardware"] or plan["hardware_file"]:
+        from llmpipe.plan.hardware import load_hardware
+
+        try:
+            load_hardware(plan)
+        except (ValueError, OSError) as exc:
+            out.append(str(exc))
     if model["init_from"] is None and config["tokenizer"]["source"] == "base":
         out.append("'tokenizer.source' is 'base' (the base model's tokenizer) but 'model.init_from' is not set")
     return out
