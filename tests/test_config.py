@@ -163,3 +163,18 @@ def test_plan_settings_that_cannot_hold_are_refused_before_any_job():
     assert "'plan.tokens' and 'plan.epochs' are both set" in msg
     assert "unknown plan.hardware h100-typo; the table has: " in msg and "p5.48xlarge" in msg.split("the table has:")[1]
     cfgmod.load({"plan": {"tokens": 1000, "hardware": ["p5.48xlarge"]}})
+
+
+def test_a_missing_local_path_under_an_existing_folder_is_not_taken_for_a_hub_repo(tmp_path, monkeypatch):
+    """`org/name` with no such local path reads as a Hub repo: a mistyped `models/my-llama` (models/ exists)
+    planned a download of repo models/my-llama instead of naming the missing folder."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models").mkdir()
+    for key, over in (
+        ("model.init_from", {"model": {"init_from": "models/my-llama"}}),
+        ("tokenizer.source", {"tokenizer": {"source": "models/my-tok"}}),
+    ):
+        with pytest.raises(cfgmod.ConfigError, match=rf"'{key}' 'models/my-\w+': no such local path, though models/ exists"):
+            cfgmod.load(over)
+    cfgmod.load({"model": {"init_from": "hf://models/my-llama"}})  # the Hub repo, said so
+    cfgmod.load({"model": {"init_from": "meta-llama/Llama-3.2-1B"}})  # no meta-llama/ here: the Hub

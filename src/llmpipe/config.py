@@ -362,10 +362,20 @@ def _resource_checks(config: dict) -> list[str]:
 
 
 def _hub_checks(config: dict) -> list[str]:
+    from llmpipe.hub import HUB_PREFIX, is_hub_ref
+
+    out = []
     release = config["hub"]["release"]
     if release["enabled"] and not release["repo_id"]:
-        return ["'hub.release.enabled' is true but 'hub.release.repo_id' is not set"]
-    return []
+        out.append("'hub.release.enabled' is true but 'hub.release.repo_id' is not set")
+    for key, ref in (("model.init_from", config["model"]["init_from"]), ("tokenizer.source", config["tokenizer"]["source"])):
+        # org/name with no such path is a Hub repo; but a missing path under a folder that exists here is a typo
+        if ref and not ref.startswith(HUB_PREFIX) and is_hub_ref(ref) and Path(ref.split("/", 1)[0]).is_dir():
+            out.append(
+                f"'{key}' {ref!r}: no such local path, though {ref.split('/', 1)[0]}/ exists here; "
+                f"for the Hub repo of that name write '{HUB_PREFIX}{ref}'"
+            )
+    return out
 
 
 def backend_checks(config: dict) -> list[str]:
