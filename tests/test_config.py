@@ -178,3 +178,15 @@ def test_a_missing_local_path_under_an_existing_folder_is_not_taken_for_a_hub_re
             cfgmod.load(over)
     cfgmod.load({"model": {"init_from": "hf://models/my-llama"}})  # the Hub repo, said so
     cfgmod.load({"model": {"init_from": "meta-llama/Llama-3.2-1B"}})  # no meta-llama/ here: the Hub
+
+
+def test_seq_len_past_the_base_models_positions_is_refused(tmp_path):
+    """Training a base past its max_position_embeddings ran with only a warning in init's log, and the export
+    still claimed the base's positions."""
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 128}))
+    with pytest.raises(cfgmod.ConfigError) as err:
+        cfgmod.load({"model": {"init_from": str(tmp_path)}, "train": {"seq_len": 256}})
+    assert "'train.seq_len' (256) exceeds the max_position_embeddings (128) of 'model.init_from'" in str(err.value)
+    cfgmod.load({"model": {"init_from": str(tmp_path)}, "train": {"seq_len": 128}})

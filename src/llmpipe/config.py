@@ -334,6 +334,10 @@ def _cross_checks(config: dict) -> list[str]:
             f"'train.launcher' local starts one node's processes, but 'parallel.nnodes' is {nodes} (the other nodes"
             " would sit idle and the batch shrink): use launcher auto or srun"
         )
+    base = base_config_json(config) if model["init_from"] else None
+    positions = json.loads(base.read_text()).get("max_position_embeddings") if base else None
+    if positions and train["seq_len"] > positions:
+        out.append(seq_len_past_base(train["seq_len"], positions))
     plan = config["plan"]
     if plan["tokens"] is not None and plan["epochs"] is not None:
         out.append("'plan.tokens' and 'plan.epochs' are both set: set one (each gives the steps)")
@@ -442,6 +446,14 @@ def load(source: str | Path | dict | None, whole: bool = False) -> dict:
 
 def run_dir(config: dict) -> Path:
     return Path(config["results_dir"]) / config["run"]
+
+
+def seq_len_past_base(seq_len: int, positions: int) -> str:
+    return (
+        f"'train.seq_len' ({seq_len}) exceeds the max_position_embeddings ({positions}) of 'model.init_from' (its "
+        "config.json): the export would still claim that many positions. Lower train.seq_len, or raise "
+        "max_position_embeddings (with the rope_scaling the model needs) in the base's config.json"
+    )
 
 
 def base_config_json(config: dict) -> Path | None:

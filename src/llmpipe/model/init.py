@@ -110,12 +110,10 @@ def init_model(cfg: dict, tokenizer_dir: str | Path, out_dir: str | Path) -> Non
         rows = model.get_input_embeddings().weight.shape[0]
         if rows < len(tok):
             raise ValueError(f"model.init_from {base} has {rows} embedding rows but the tokenizer has {len(tok)} tokens")
-        if model.config.max_position_embeddings < cfg["train"]["seq_len"]:
-            log.warning(
-                "train.seq_len %d exceeds the base model's max_position_embeddings %d",
-                cfg["train"]["seq_len"],
-                model.config.max_position_embeddings,
-            )
+        if model.config.max_position_embeddings < cfg["train"]["seq_len"]:  # a Hub base: known only now
+            from llmpipe.config import seq_len_past_base
+
+            raise ValueError(seq_len_past_base(cfg["train"]["seq_len"], model.config.max_position_embeddings))
         match_special_tokens(model, tok)
         log.info("continuing from %s (%d parameters)", base, model.num_parameters())
     else:
@@ -134,4 +132,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tokenizer", required=True)
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
-    init_model(cfgmod.load(args.config), args.tokenizer, args.out)
+    try:
+        init_model(cfgmod.load(args.config), args.tokenizer, args.out)
+    except ValueError as exc:  # a base that does not fit the run (embedding rows, positions), named
+        raise SystemExit(f"llmpipe init-model: {exc}") from None
