@@ -326,3 +326,19 @@ def test_report_data_page_names_skipped_sources():
     page = data_page(stats)
     assert "skipped sources" in page and "damaged_source" in page
     assert "skipped sources" not in data_page({**stats, "read": ReadStats().as_dict()})
+
+
+def test_a_source_of_no_format_we_read_stops_get_data(tmp_path):
+    """A .csv.gz source passed get-data and the tokenizer and failed in a tokenize job with a traceback; a
+    URL's query no longer hides its format (x.jsonl?download=1 is JSON Lines)."""
+    import gzip
+
+    from llmpipe.data.readers import source_format
+
+    (tmp_path / "corpus.csv.gz").write_bytes(gzip.compress(b"text\na document\n"))
+    write_jsonl(tmp_path / "ok.jsonl", ["a document"])
+    cfg = json.dumps({"data": {"sources": [str(tmp_path / "ok.jsonl"), str(tmp_path / "corpus.csv.gz")]}})
+    proc = get_data_cli(cfg, tmp_path / "s.json")
+    assert f"unsupported data source format: {tmp_path / 'corpus.csv.gz'} (expected .jsonl" in proc.stderr
+    assert source_format("https://h.example/x.jsonl?download=1") == "jsonl"
+    assert source_format("https://h.example/x.jsonl.gz#part") == "jsonl" and source_format("s3://b/x.txt.zst") == "text"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from llmpipe import config as cfgmod
 from llmpipe.data import mixture
-from llmpipe.data.readers import HF_PREFIX, JSONL_SUFFIXES, BadSource, _compression, split_points
+from llmpipe.data.readers import HF_PREFIX, JSONL_SUFFIXES, BadSource, _compression, source_format, split_points, unsupported
 from llmpipe.data.sources import describe, expand_sources, local_stat, refuse_repeats, split_source
 from llmpipe.io import write_json
 
@@ -80,6 +80,9 @@ def get_data(data_cfg: dict, out: str | Path, threads: int = 1) -> dict:
         sources = expand_sources(data_cfg["sources"])
     refuse_repeats(sources)
     bad = check_sources(sources, data_cfg["on_bad_record"])
+    unknown = [s for s in sources if s not in bad and source_format(s) is None]
+    if unknown:  # a config mistake, whatever on_bad_record says: named here, not by a tokenize job later
+        raise ValueError(unsupported(unknown[0]) + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""))
     cache = Path(out).with_name(".sources-ranges.json")  # not an output: survives Snakemake's delete
     known = json.loads(cache.read_text()) if cache.is_file() else {}
     # skip: a directory or unreadable file stays listed (the tokenize jobs count it); no source is read here

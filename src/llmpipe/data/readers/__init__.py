@@ -30,18 +30,31 @@ def records(source: str, cfg: dict, keep=None, stride=None, part=None, tally=Non
     `keep` rejects may come unread, as (None, how many in a row). stride, part, tally: see _jsonl."""
     if part is not None and (_compression(source) or not _base_name(source).endswith(JSONL_SUFFIXES)):
         raise ValueError(f"{source}: only a plain JSONL file is read by byte range")
-    if source.startswith(HF_PREFIX):
+    kind = source_format(source)
+    if kind == "hf":
         return _hf(source, cfg)
-    name = _base_name(source)
-    if name.endswith(JSONL_SUFFIXES):
+    if kind == "jsonl":
         return _jsonl(source, cfg["text_field"], keep, stride, part, tally)
-    if name.endswith(".parquet"):
+    if kind == "parquet":
         return _parquet(source, cfg["text_field"])
-    if name.endswith(TEXT_SUFFIXES):
+    if kind == "text":
         return _text(source, cfg["text_mode"])
-    raise ValueError(
-        f"unsupported data source format: {source} (expected .jsonl/.json[.gz|.zst], .parquet, .txt[.gz|.zst] or hf:<id>)"
-    )
+    raise ValueError(unsupported(source))
+
+
+def source_format(source: str) -> str | None:
+    """hf | jsonl | parquet | text, from the name (a URL's path; compression suffixes aside); None: none we read."""
+    if source.startswith(HF_PREFIX):
+        return "hf"
+    name = _base_name(source)
+    for kind, suffixes in (("jsonl", JSONL_SUFFIXES), ("parquet", (".parquet",)), ("text", TEXT_SUFFIXES)):
+        if name.endswith(suffixes):
+            return kind
+    return None
+
+
+def unsupported(source: str) -> str:
+    return f"unsupported data source format: {source} (expected .jsonl/.json[.gz|.zst], .parquet, .txt[.gz|.zst] or hf:<id>)"
 
 
 def locate(source: str, cfg: dict, record_index: int) -> str | None:

@@ -8,12 +8,21 @@ from collections import Counter
 from collections.abc import Iterator
 
 
+def _path_of(url: str) -> str:
+    """What names a source's format: a URL's path, without its query or fragment (`x.jsonl?download=1`)."""
+    if "://" not in url:
+        return url
+    from urllib.parse import urlsplit
+
+    return urlsplit(url).path
+
+
 def _compression(url: str) -> str | None:
-    return {"gz": "gzip", "zst": "zstd", "bz2": "bz2", "xz": "xz"}.get(url.rsplit(".", 1)[-1].lower())
+    return {"gz": "gzip", "zst": "zstd", "bz2": "bz2", "xz": "xz"}.get(_path_of(url).rsplit(".", 1)[-1].lower())
 
 
 def _base_name(url: str) -> str:
-    name = url.lower()
+    name = _path_of(url).lower()
     return name.rsplit(".", 1)[0] if _compression(url) else name
 
 
