@@ -161,7 +161,7 @@ def test_epochs_and_warmup_fraction_derive_steps_and_an_overlay():
     assert any("plan.epochs gives 233 steps" in w and "train.max_steps is 120" in w for w in plan["warnings"])
     plain = plan_for(rows=1862)["schedule"]
     assert plain["steps"] == 120 and plain["steps_from"] == "train.max_steps" and plain["overlay"] is None
-    with pytest.raises(ValueError, match="plan.tokens or plan.epochs"):
+    with pytest.raises(ValueError, match="'plan.tokens' and 'plan.epochs' are both set"):  # the config check
         plan_for(epochs=1, tokens=10**9)
 
 

@@ -11,8 +11,6 @@ def schedule(cfg: dict, train_rows: int) -> dict:
         raise ValueError("plan.epochs needs the data's size: build the token store first, or set plan.tokens")
     if train_rows is not None and train_rows < 1:
         raise ValueError(f"the train split has no full row of train.seq_len {t['seq_len']} tokens")
-    if p["tokens"] is not None and p["epochs"] is not None:
-        raise ValueError("set plan.tokens or plan.epochs, not both")
     gb, seq = t["global_batch_size"], t["seq_len"]
     per_step = gb * seq
     if p["tokens"] is not None:
