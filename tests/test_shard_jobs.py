@@ -98,11 +98,11 @@ def dead_pid() -> int:
     return next(p for p in range(4_000_000, 3_000_000, -1) if not pid_running(p))
 
 
-def job_setup(tmp_path):
+def job_setup(tmp_path, docs=None):
     from llmpipe.data.get_data import get_data
     from llmpipe.data.tokenizer import copy_tokenizer
 
-    write_jsonl(tmp_path / "corpus.jsonl", corpus_docs(40))
+    write_jsonl(tmp_path / "corpus.jsonl", corpus_docs(40) if docs is None else docs)
     tok = tmp_path / "tok"
     copy_tokenizer(REPO / "data" / "tokenizers" / "gpt2", tok)
     cfg = tiny_config(tmp_path, data={"num_shards": 3, "shards_per_job": 3}, tokenizer={"source": str(tok)})
@@ -147,12 +147,8 @@ def test_workers_die_with_a_killed_job(tmp_path):
 
     import psutil
 
-    cfg, tok = job_setup(tmp_path)
     big = " ".join(corpus_docs(400)) * 8  # ~12 MB a document: a worker encodes one for seconds
-    write_jsonl(tmp_path / "corpus.jsonl", [big] * 6)
-    from llmpipe.data.get_data import get_data
-
-    get_data(cfg["data"], tmp_path / "sources.json")
+    cfg, tok = job_setup(tmp_path, [big] * 6)
     (tmp_path / "cfg.json").write_text(json.dumps(cfg))
     cmd = [sys.executable, "-m", "llmpipe", "tokenize", "--config", str(tmp_path / "cfg.json")]
     cmd += ["--sources", str(tmp_path / "sources.json"), "--job", "0", "--shards-per-job", "3", "--tokenizer", str(tok)]

@@ -17,6 +17,7 @@ import psutil
 import pytest
 import yaml
 
+from llmpipe.io import pid_running
 from llmpipe.train import lock as lockmod
 from tests.conftest import REPO, REPO_IGNORE, corpus_docs, write_jsonl
 
@@ -192,15 +193,15 @@ def test_kill_9_of_the_launcher_stops_its_trainer_and_the_lease_holds_while_it_r
     while "group" not in (lockmod._read(tmp_path / lockmod.LOCK_NAME) or {}) and time.time() < deadline:
         time.sleep(0.1)
     group = lockmod._read(tmp_path / lockmod.LOCK_NAME)["group"]
-    assert lockmod.group_running(group)
+    assert pid_running(group, group=True)
     first.kill()
     first.wait(10)
     second = subprocess.run([*launch, "-c", "print('trained')"], capture_output=True, text=True, timeout=60)
     assert second.returncode != 0 and "trained" not in second.stdout  # the killed launcher's trainer still stops
     assert f"its trainer process group {group}" in second.stderr, second.stderr
     deadline = time.time() + 20
-    while lockmod.group_running(group) and time.time() < deadline:
+    while pid_running(group, group=True) and time.time() < deadline:
         time.sleep(0.1)
-    assert not lockmod.group_running(group), "the trainer outlived its launcher"
+    assert not pid_running(group, group=True), "the trainer outlived its launcher"
     third = subprocess.run([*launch, "-c", "print('trained')"], capture_output=True, text=True, timeout=60)
     assert third.returncode == 0 and "trained" in third.stdout, third.stderr

@@ -73,10 +73,10 @@ def remove_stale_dirs(folder: Path, prefix: str) -> None:
             shutil.rmtree(stale, ignore_errors=True)
 
 
-def pid_running(pid: int) -> bool:
-    """Whether a process of this pid runs on this host."""
+def pid_running(pid: int, group: bool = False) -> bool:
+    """Whether a process of this pid (group: of this process group) runs on this host."""
     try:
-        os.kill(pid, 0)
+        (os.killpg if group else os.kill)(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:

@@ -193,7 +193,8 @@ def plan(
 
 # Run argv[2:] with SIGTERM sent to it when its parent (the launcher, argv[1]) dies, even by SIGKILL
 # (Linux PR_SET_PDEATHSIG, kept across exec): its own session would otherwise outlive the launcher and a
-# rerun would start a second trainer beside it. Not preexec_fn: the lease's heartbeat thread runs.
+# rerun would start a second trainer beside it. Not preexec_fn: the lease's heartbeat thread runs. The
+# call of io.die_with_parent, written out: this interpreter must not depend on finding llmpipe.
 DIES_WITH_PARENT = (
     "import ctypes, os, signal, sys; "
     "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM); "

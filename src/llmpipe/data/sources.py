@@ -78,12 +78,13 @@ def same_file(source: str) -> str:
 def refuse_repeats(sources: list[str]) -> None:
     """A file listed twice (a glob and its own name, two spellings of one path) would be read twice: every
     document trained on twice and, its copies split apart, in both train and val. Refused, naming both."""
-    seen: dict[str, int] = {}
+    seen: dict[str, int] = {}  # file -> position of its first spelling
     for i, s in enumerate(sources):
-        first = sources[seen.setdefault(same_file(s), i)]
-        if seen[same_file(s)] != i:
+        path = same_file(s)
+        first = sources[seen.setdefault(path, i)]
+        if seen[path] != i:
             raise ValueError(
-                f"data.sources names {same_file(s)} twice ({first!r} and {s!r}): its documents would be read twice "
+                f"data.sources names {path} twice ({first!r} and {s!r}): its documents would be read twice "
                 "and could land in both train and val; list each file once"
             )
 

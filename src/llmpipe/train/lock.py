@@ -37,20 +37,9 @@ def _read(path: Path) -> dict | None:
         return None
 
 
-def group_running(pgid: int) -> bool:
-    """Whether any process of process group `pgid` runs on this host."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def holder_gone(holder: dict, now: float, host: str) -> bool:
     if holder.get("host") == host:
-        if holder.get("group") and group_running(int(holder["group"])):
+        if holder.get("group") and pid_running(int(holder["group"]), group=True):
             return False  # its trainer still runs, whatever became of the launcher (killed with SIGKILL)
         if not pid_running(int(holder.get("pid", 0))):
             return True
