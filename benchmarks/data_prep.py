@@ -74,10 +74,13 @@ def worker_recipe(corpus: str, work: Path) -> dict:
 
 def worker_ours(corpus: str, work: Path, backend: str, records: int | None, copies: int = 1) -> dict:
     sources = [corpus]
-    if copies > 1:  # a corpus `copies` times as large: the same file under as many names (sources)
+    if copies > 1:  # a corpus `copies` times as large: the same bytes as as many files (sources)
         sources = [str(work / f"copy-{i}.jsonl.gz") for i in range(copies)]
-        for link in sources:
-            os.symlink(corpus, link)
+        for name in sources:  # not symlinks: get-data refuses one file listed twice
+            try:
+                os.link(corpus, name)
+            except OSError:  # another filesystem
+                shutil.copyfile(corpus, name)
     cfg = json.dumps(
         {
             "run": "bench",
