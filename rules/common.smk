@@ -1,4 +1,5 @@
 # Config layers and validation (before any job), run paths, backend selection, the llmpipe command.
+import ast
 import copy
 import functools
 import json
@@ -276,6 +277,26 @@ def apply_config_resources():
             values.update(res.get("train", {}))
         if values:
             r.resources.update(values)
+
+
+def _literal(resource):
+    """A resource's string as set: a profile's quoted value is kept as an expression to evaluate."""
+    raw = getattr(resource, "raw", None)
+    if isinstance(raw, str) and resource.is_evaluable():
+        try:
+            raw = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            return None  # a real expression: the plugin checks its value when it submits
+    return raw if isinstance(raw, str) and raw else None
+
+
+def check_slurm_extra():
+    """An sbatch option the Slurm plugin sets itself, in any rule's slurm_extra (profile or config): refused
+    here, not by the plugin when it submits that job, after every job before it. Call after all rules."""
+    extras = {r.name: _literal(r.resources.get("slurm_extra")) for r in workflow.rules}
+    found = profiles.slurm_extra_problems({k: v for k, v in extras.items() if v})
+    if found:
+        raise WorkflowError("\n".join(found))
 
 
 def write_dag_info():

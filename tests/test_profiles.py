@@ -375,3 +375,31 @@ def test_cluster_mixture_count_takes_a_data_jobs_cores(tmp_path):
         assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
         block = proc.stdout.split("rule get_data:", 1)[1].split("\n\n", 1)[0]
         assert f"threads: {want}" in block and f" --threads {want} " in block, extra
+
+
+def test_an_sbatch_option_the_slurm_plugin_sets_is_refused_at_parse_time(tmp_path):
+    """`--qos` (or -p, --mem, ...) in slurm_extra, from a profile or the config: the Slurm plugin refuses it
+    only when it submits that job (hours in, for training); the dry run stops naming the resource to use,
+    and the `qos` resource reaches the job."""
+    prof = tmp_path / "prof"
+    prof.mkdir()
+    (prof / "config.v8+.yaml").write_text(
+        "executor: local\ncores: 1\nset-resources:\n  train_torch: {slurm_extra: \"'-p gpu'\"}\n"
+    )
+
+    def dry(*config):
+        cmd = [sys.executable, "-m", "snakemake", "-n", "--profile", str(prof), "--config", f"results_dir={tmp_path}/r", *config]
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+        return proc.returncode, proc.stdout + proc.stderr
+
+    rc, text = dry()
+    assert rc != 0 and "resources of train_torch: slurm_extra '-p gpu' sets the partition" in text
+    assert "use resources 'slurm_partition' instead" in text
+    (prof / "config.v8+.yaml").write_text("executor: local\ncores: 1\n")
+    rc, text = dry("resources={train: {slurm_extra: '--exclusive --qos=high'}}")
+    assert rc != 0 and "sets the quality of service" in text and "use resources 'qos' instead" in text, text[-1500:]
+    rc, text = dry("resources={train: {slurm_extra: --exclusive, qos: high}}")
+    assert rc == 0, text[-1500:]
+    block = text[text.index("rule train_torch:") :]
+    assert "qos=high" in block[: block.index("\n\n")]
+    assert profiles.slurm_extra_problems({"r": "--exclusive --mail-type=END"}) == []

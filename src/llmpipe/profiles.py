@@ -29,6 +29,21 @@ from llmpipe.config import ConfigError
 PROFILE_ENV = "LLMPIPE_PROFILE"
 OVERLAY = "llmpipe.yaml"
 REPO = Path(__file__).resolve().parents[2]
+# sbatch options the Slurm plugin sets itself (it refuses them in slurm_extra only when it submits the job,
+# hours into a run) -> the resource that asks for it
+MANAGED_BY = {
+    "quality of service": "qos",
+    "partition": "slurm_partition",
+    "account": "slurm_account",
+    "memory": "mem_mb",
+    "runtime/time limit": "runtime",
+    "node constraints": "constraint",
+    "generic resources (GRES)": "gres",
+    "GPU allocation": "gpu",
+    "CPUs per task": "cpus_per_task",
+    "number of nodes": "parallel.nnodes",
+    "number of tasks": "parallel.nnodes",
+}
 
 
 def merge(base: dict, over: dict) -> dict:
@@ -175,3 +190,22 @@ def profile_backend(profile: Path | None, basedir: Path = REPO) -> str | None:
         return None
     overlay = _read_yaml(profile / OVERLAY, "profile settings")
     return _backend(load_preset(overlay.get("preset"), basedir), overlay)
+
+
+def slurm_extra_problems(extras: dict[str, str]) -> list[str]:
+    """{rule: slurm_extra} -> a line for each sbatch option the Slurm executor plugin sets itself and so
+    refuses in slurm_extra (its own list, when the plugin is installed), naming the resource to use."""
+    try:
+        from snakemake_executor_plugin_slurm.validation import get_forbidden_slurm_options
+    except ImportError:
+        return []
+    import re
+
+    out = []
+    for rule, extra in sorted(extras.items()):
+        for pattern, what in get_forbidden_slurm_options().items():
+            if re.search(pattern, extra):  # as the plugin matches it
+                use = MANAGED_BY.get(what)
+                fix = f"use resources {use!r} instead" if use and "." not in use else f"set {use}" if use else "remove it"
+                out.append(f"resources of {rule}: slurm_extra {extra!r} sets the {what}, which the Slurm executor sets ({fix})")
+    return out
