@@ -112,7 +112,11 @@ def test_credentials_are_checked_never_printed(tmp_path):
         assert secret not in out
     lines = problem_lines(proc)
     assert not any("AWS credentials" in ln or "Hub token" in ln for ln in lines)  # present: no problem
-    assert "credentials: sagemaker.role_arn is the example ARN (fix: your role in your --configfile)" in lines
+    placeholder = "credentials: sagemaker.{} is the sagemaker profile's placeholder (fix: yours in your --configfile)"
+    assert {placeholder.format(k) for k in ("role_arn", "s3_prefix", "algorithm_name")} <= set(lines)
+    role = "sagemaker={role_arn: 'arn:aws:iam::111111111111:role/Mine'}"
+    lines = problem_lines(run_doctor("--profile", "sagemaker", *over, role, env=env))
+    assert placeholder.format("role_arn") not in lines and placeholder.format("s3_prefix") in lines
     # without them, each is named
     bare = run_doctor("--profile", "sagemaker", *over, env=no_credentials(tmp_path))
     lines = problem_lines(bare)

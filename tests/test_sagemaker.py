@@ -314,6 +314,9 @@ def test_bad_names_and_hyperparameters_stop_before_any_call(aws, prepared, tmp_p
         with pytest.raises(SettingsError, match=rf"may not set what llmpipe passes the container: {name}"):
             check_settings(tiny_config(tmp_path, sagemaker={**image, "hyperparameters": {name: "1"}}))
     check_settings(tiny_config(tmp_path, sagemaker={**image, "hyperparameters": {"my_flag": "1"}}))
+    arn = "arn:aws:sagemaker:us-east-1:123456789012:algorithm/x"  # as the sagemaker profile sets one
+    with pytest.raises(SettingsError, match="set algorithm_name: null"):
+        check_settings(tiny_config(tmp_path, sagemaker={**image, "algorithm_name": arn}))
 
 
 # --- status transitions, failure, timeout, interrupt: Stubber (a fake SageMaker) -------------------

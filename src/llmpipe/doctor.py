@@ -37,7 +37,8 @@ from llmpipe.config import ConfigError, validate
 GIB = 2**30
 REPO = profiles.REPO
 SETUP_MAIN = "pip install -c requirements.lock -e ."
-EXAMPLE_ROLE = "arn:aws:iam::123456789012:role/SageMakerExecutionRole"  # profiles/sagemaker/llmpipe.yaml's
+# profiles/sagemaker/llmpipe.yaml's placeholders: AWS's documentation account, an example bucket
+EXAMPLE_MARKS = ("123456789012", "s3://example-llmpipe-bucket")
 GATED_ORGS = {"meta-llama", "google", "mistralai"}  # their models need an accepted licence and a token
 
 
@@ -248,8 +249,9 @@ def credentials(cfg: dict) -> list[str]:
             what = s3[0] if s3 else "the SageMaker job"
             out.append(f"credentials: no AWS credentials for {what} (fix: AWS_PROFILE, aws sso login, or an instance role)")
     real_aws = not os.environ.get("AWS_ENDPOINT_URL")  # an endpoint override (moto, LocalStack) takes any role
-    if sm and real_aws and cfg["sagemaker"].get("role_arn") == EXAMPLE_ROLE:
-        out.append("credentials: sagemaker.role_arn is the example ARN (fix: your role in your --configfile)")
+    for key in ("role_arn", "s3_prefix", "algorithm_name") if sm and real_aws else ():
+        if any(mark in str(cfg["sagemaker"].get(key) or "") for mark in EXAMPLE_MARKS):
+            out.append(f"credentials: sagemaker.{key} is the sagemaker profile's placeholder (fix: yours in your --configfile)")
     if cfg["hub"]["release"]["enabled"]:
         from huggingface_hub import get_token
 

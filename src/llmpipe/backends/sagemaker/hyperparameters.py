@@ -42,11 +42,16 @@ def check_settings(config: dict) -> None:
         if "litgpt" not in config["data"]["views"]:
             raise SettingsError("sagemaker.mode algorithm trains on the lit-gpt view: add litgpt to data.views")
         if sm.get("image_uri"):
-            raise SettingsError("sagemaker.image_uri is for mode image; mode algorithm uses sagemaker.algorithm_name")
+            raise SettingsError(
+                "sagemaker.image_uri is for mode image; mode algorithm uses sagemaker.algorithm_name (set image_uri: null)"
+            )
     else:
         missing += [] if sm.get("image_uri") else ["image_uri"]
         if sm.get("algorithm_name"):
-            raise SettingsError("sagemaker.algorithm_name is for mode algorithm; mode image uses sagemaker.image_uri")
+            raise SettingsError(
+                "sagemaker.algorithm_name is for mode algorithm; mode image uses sagemaker.image_uri (set algorithm_name: "
+                "null: the sagemaker profile sets one)"
+            )
     if missing:
         raise SettingsError(f"sagemaker.mode {sm['mode']} needs: " + ", ".join(f"sagemaker.{k}" for k in missing))
     if sm["mode"] == "image":
