@@ -313,6 +313,12 @@ def test_local_precompile_wraps_torchrun_and_s3_cache_uses_the_url(tmp_path):
         ("llama-3-70b-trn1", dict(neuron={"script": "tp_zero1"}), "neuron.script tp_zero1 has no pipeline"),
         ("llama-2-7b-trn1", dict(train={"precision": "fp32"}), "train.precision fp32 cannot be honoured"),
         ("llama-3-70b-trn1", dict(train={"skip_nonfinite_steps": 2}), "train.skip_nonfinite_steps 2 cannot be honoured"),
+        (  # a node has so many NeuronCores: trn1 32, trn2 64 at LNC 2 (128 at LNC 1: neuron.env)
+            "llama-2-7b-trn1",
+            dict(parallel={"nproc_per_node": 64}),
+            "parallel.nproc_per_node 64 is more processes than a trn1 node has NeuronCores (32",
+        ),
+        ("llama-3-70b-trn2", dict(parallel={"nproc_per_node": 128}), "than a trn2 node has NeuronCores (64"),
     ],
 )
 def test_unmappable_settings_are_refused(name, over, needle):
@@ -320,10 +326,16 @@ def test_unmappable_settings_are_refused(name, over, needle):
         commands.check_config(preset(name, **over))
 
 
-def snakemake_n(*args):
+def test_trn2_at_lnc_1_has_128_cores():
+    cfg = preset("llama-3-70b-trn2", parallel={"nproc_per_node": 128}, neuron={"env": {"NEURON_LOGICAL_NC_CONFIG": "1"}})
+    assert commands.cores_per_node(cfg) == 128
+    assert "nproc_per_node" not in " ".join(commands.config_problems(cfg))
+
+
+def snakemake_n(*args, profile="profiles/slurm-trn1"):
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     return subprocess.run(
-        [sys.executable, "-m", "snakemake", "-n", "--profile", "profiles/slurm-trn1", *args],
+        [sys.executable, "-m", "snakemake", "-n", "--profile", profile, *args],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -332,8 +344,9 @@ def snakemake_n(*args):
 
 
 @pytest.mark.parametrize("name", PRESETS)
-def test_dry_run_draws_the_whole_trn1_dag(name):
-    r = snakemake_n("--configfile", f"config/presets/{name}.yaml")
+def test_dry_run_draws_the_whole_neuron_dag(name):
+    hw = preset(name)["neuron"]["hw_backend"]  # each preset on its chip's profile (the other one refuses it)
+    r = snakemake_n("--configfile", f"config/presets/{name}.yaml", profile=f"profiles/slurm-{hw}")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     out = r.stdout
     nodes = preset(name)["parallel"]["nnodes"]

@@ -43,7 +43,8 @@ def test_neuron_env_and_the_side_env_pin_the_same_transformers():
 def test_trainium_profiles_run_with_that_environment():
     for profile in ("slurm-trn1", "slurm-trn2"):
         neuron = yaml.safe_load((REPO / "profiles" / profile / "llmpipe.yaml").read_text())["neuron"]
-        assert neuron == {"python": ".venvs/neuron/bin/python", "nxd_dir": "neuronx-distributed"}, profile
+        want = {"python": ".venvs/neuron/bin/python", "nxd_dir": "neuronx-distributed", "hw_backend": profile[-4:]}
+        assert neuron == want, profile
 
 
 def test_refuses_to_install_off_trainium():

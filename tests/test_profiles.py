@@ -143,6 +143,9 @@ def test_the_70b_preset_is_one_flag(tmp_path):
         ("slurm-trn1", ["--configfile", "torch.yaml"], ("'neuron'", "'torch'", "train.backend")),
         ("tpu", ["--configfile", "torch.yaml"], ("'levanter'", "'torch'", "train.backend")),
         ("slurm-trn1", ["--config", "preset=llama-2-7b-colossal"], ("'neuron'", "'colossal'", "preset")),
+        # the other chip's preset on this profile's nodes (trn2's KV order, 64 processes a node)
+        ("slurm-trn1", ["--config", "preset=llama-3-70b-trn2"], ("trn1 nodes", "'trn2'", "preset 'llama-3-70b-trn2'")),
+        ("slurm-trn2", ["--config", "neuron={hw_backend: trn1}"], ("trn2 nodes", "neuron.hw_backend 'trn1'", "slurm-trn1")),
     ],
 )
 def test_a_conflicting_backend_stops_before_any_job_naming_both(tmp_path, profile, user, named):
@@ -158,8 +161,8 @@ def test_a_conflicting_backend_stops_before_any_job_naming_both(tmp_path, profil
     assert not (work / "results").exists()  # nothing ran
     # llmpipe check-config refuses the same layers with the same words
     args = ["--profile", profile] + (["torch.yaml"] if "torch.yaml" in user else [])
-    if "preset=llama-2-7b-colossal" in user:
-        (work / "p.yaml").write_text("preset: llama-2-7b-colossal\n")
+    if user[0] == "--config":
+        (work / "p.yaml").write_text(user[1].replace("=", ": ", 1) + "\n")
         args.append("p.yaml")
     check = subprocess.run(
         [sys.executable, "-m", "llmpipe", "check-config", *args], cwd=work, capture_output=True, text=True, timeout=120

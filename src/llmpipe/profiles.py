@@ -133,11 +133,26 @@ def load_preset(name: str | None, basedir: Path = REPO) -> dict:
     return data
 
 
-def _backend(*layers: dict) -> str | None:
+def _backend(*layers: dict, key: tuple[str, str] = ("train", "backend")) -> str | None:
     found = None
     for layer in layers:
-        found = (layer.get("train") or {}).get("backend", found)
+        found = (layer.get(key[0]) or {}).get(key[1], found)
     return found
+
+
+HARDWARE = ("neuron", "hw_backend")  # a profile's nodes: a preset or config for the other chip is refused
+
+
+def _refuse_other_hardware(profile: Path, overlay: dict, user: dict, basedir: Path) -> None:
+    ours = _backend(load_preset(overlay.get("preset"), basedir), overlay, key=HARDWARE)
+    theirs = _backend(load_preset(user.get("preset"), basedir), user, key=HARDWARE)
+    if ours is not None and theirs is not None and theirs != ours:
+        via = f" (through preset {user['preset']!r})" if (user.get("neuron") or {}).get("hw_backend") is None else ""
+        raise ConfigError(
+            f"profile {profile.name!r} runs on {ours} nodes (neuron.hw_backend {ours!r}, {profile / OVERLAY}), but your "
+            f"--configfile / --config sets neuron.hw_backend {theirs!r}{via}: use the profile for {theirs} "
+            f"(slurm-{theirs}), or a preset made for {ours}"
+        )
 
 
 def layered(user: dict, profile: Path | None = None, basedir: Path = REPO) -> tuple[dict, list[str]]:
@@ -164,6 +179,7 @@ def layered(user: dict, profile: Path | None = None, basedir: Path = REPO) -> tu
                 f"train on this profile's hardware, or choose the profile for {user_backend!r} "
                 "(README: Run on your hardware)"
             )
+        _refuse_other_hardware(profile, overlay, user, basedir)
     if user:
         origins.append("your --configfile / --config")
     cfg = merge(merge(merge(defaults, preset), overlay), user)

@@ -21,9 +21,10 @@ def _checks(cfg: dict) -> list[str]:
 
 
 def _parallel_defaults(cfg: dict) -> dict:
-    """One process per NeuronCore (trn1.32xlarge 32; trn2.48xlarge 64 logical cores at LNC 2), ZeRO-1 and
-    selective checkpointing as NxD's recipes."""
-    cores = {"trn1": 32, "trn2": 64}[cfg["neuron"]["hw_backend"]]
+    """One process per NeuronCore (commands.cores_per_node), ZeRO-1 and selective checkpointing as NxD's recipes."""
+    from llmpipe.backends.neuron.commands import cores_per_node
+
+    cores = cores_per_node(cfg)
     return {"nproc_per_node": cores, "zero": 1, "activation_checkpointing": "selective"}
 
 

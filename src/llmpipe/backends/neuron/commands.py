@@ -185,8 +185,22 @@ def model_dims(cfg: dict) -> Dims | None:
     )
 
 
+def cores_per_node(cfg: dict) -> int:
+    """NeuronCores of one node: trn1.32xlarge 32; trn2.48xlarge 64 logical cores at LNC 2 (its default),
+    128 at NEURON_LOGICAL_NC_CONFIG=1 (neuron.env)."""
+    if cfg["neuron"]["hw_backend"] == "trn1":
+        return 32
+    return 128 if str(cfg["neuron"]["env"].get("NEURON_LOGICAL_NC_CONFIG")) == "1" else 64
+
+
 def check_config(cfg: dict) -> None:
     """Layout against the model and the batch arithmetic: every problem before any job runs."""
+    nproc, cores = cfg["parallel"]["nproc_per_node"], cores_per_node(cfg)
+    if nproc > cores:
+        raise NeuronConfigError(
+            f"parallel.nproc_per_node {nproc} is more processes than a {cfg['neuron']['hw_backend']} node has "
+            f"NeuronCores ({cores}; neuron.hw_backend)"
+        )
     d = model_dims(cfg)
     if d is not None:
         try:
