@@ -258,7 +258,8 @@ def check_profile_resources():
     owners = backends.rules_by_backend()
     missing = sorted(r for b, rs in owners.items() if b != BACKEND for r in rs if r in named)
     if missing:
-        where = f"profile {PROFILE.name!r}" if PROFILE else "the profile's set-resources"
+        named = profiles.snakemake_profiles(profiles.snakemake_argv() or [])
+        where = f"profile {(PROFILE or named[-1]).name!r}" if PROFILE or named else "the profile's set-resources"
         raise WorkflowError(
             f"{where} gives resources to {', '.join(missing)} (train.backend "
             f"{', '.join(sorted({b for b, rs in owners.items() for r in rs if r in missing}))}), but this config trains "

@@ -185,6 +185,7 @@ def test_a_profile_sized_for_another_trainer_is_an_error(tmp_path):
     assert proc.returncode != 0
     text = proc.stdout + proc.stderr
     assert "gives resources to train_neuron (train.backend neuron)" in text and "train.backend 'torch'" in text
+    assert "profile 'trn-nobackend' gives" in text  # named, though it has no llmpipe.yaml
 
 
 def test_active_profile_resolution(tmp_path, monkeypatch):
