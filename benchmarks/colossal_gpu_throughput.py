@@ -172,7 +172,9 @@ def main() -> None:
         for shape in args.shapes.split(",")
         for plugin in args.plugins.split(",")
     ]
-    run_cases(__file__, named, args, args.gpus or torch.cuda.device_count())
+    results = run_cases(__file__, named, args, args.gpus or torch.cuda.device_count())
+    if any("error" in r for r in results) and args.tiny:  # a check of the script: a failed case fails it
+        raise SystemExit("a case failed")
 
 
 if __name__ == "__main__":

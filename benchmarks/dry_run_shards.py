@@ -4,7 +4,8 @@
 
 Copies the repository to a temp folder and times `snakemake -n --profile P --configfile overlay.yaml`
 (the whole process: Python start, parsing, config validation, the DAG) with data.num_shards set, the
-tokenize jobs grouped by data.shards_per_job (null = at most 64 jobs). The baseline, measured in the
+tokenize jobs grouped into at most 64 (data.shards_per_job set as null sets it for as many sources as
+shards; the embedded config's one source would make a single job of them all). The baseline, measured in the
 same run, is one shard a job (shards_per_job: 1, how every shard was its own job before) at 10,000
 shards. Target: 10,000 shards in under 15 s and 2 GB.
 """
@@ -21,7 +22,7 @@ from pathlib import Path
 from peak import run_alone  # benchmarks/peak.py
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from llmpipe.data.tokenize import num_jobs  # noqa: E402
+from llmpipe.data.tokenize import MAX_AUTO_JOBS, num_jobs  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 TARGET_S, TARGET_GB = 15.0, 2.0
@@ -53,7 +54,8 @@ def main() -> None:
         shutil.copytree(REPO, work, ignore=SKIP)
         rows = []
         for shards in args.shards:
-            runs = [dry_run(work, args.profile, shards, None) for _ in range(args.repeat)]
+            grouped = -(-shards // MAX_AUTO_JOBS)
+            runs = [dry_run(work, args.profile, shards, grouped) for _ in range(args.repeat)]
             rows.append((shards, statistics.median(r[0] for r in runs), max(r[1] for r in runs), runs[0][2]))
             print(
                 f"{shards:>7,} shards: {rows[-1][1]:.2f} s, peak RSS {rows[-1][2]:.2f} GB, {rows[-1][3]} tokenize jobs",

@@ -4,7 +4,8 @@
 
 For each shard count, in a temp copy of the repository: get_data and the tokenizer (GPT-2, copied) run
 first, untimed; then `snakemake --profile local <run>/data/tokens/manifest.json` is timed: the tokenize
-jobs (data.shards_per_job null: at most 64) and the store. Printed: wall, tokenize jobs, jobs/s,
+jobs (at most 64: data.shards_per_job set as null sets it for as many sources as shards; the sample's one
+source would make a single job) and the store. Printed: wall, tokenize jobs, jobs/s,
 shards/s. Baseline measured in the same run: one shard a job (shards_per_job: 1, how every shard was its
 own job before) at --baseline-shards. Corpus: the shipped 2 MB sample (the work per shard is tiny, so
 this measures overhead).
@@ -22,6 +23,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+from llmpipe.data.tokenize import MAX_AUTO_JOBS  # noqa: E402
+
 SKIP = shutil.ignore_patterns("results", ".snakemake", ".git", ".venvs", "__pycache__", "*.egg-info", ".pytest_cache")
 
 
@@ -55,7 +59,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp) / "repo"
         shutil.copytree(REPO, work, ignore=SKIP)
-        rows = [("grouped", measure(work, n, None)) for n in args.shards]
+        rows = [("grouped", measure(work, n, -(-n // MAX_AUTO_JOBS))) for n in args.shards]
         if args.baseline_shards:
             rows.append(("one shard a job (baseline)", measure(work, args.baseline_shards, 1)))
     for label, r in rows:
