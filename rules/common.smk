@@ -1,5 +1,6 @@
 # Config layers and validation (before any job), run paths, backend selection, the llmpipe command.
 import ast
+import builtins
 import copy
 import functools
 import json
@@ -281,13 +282,21 @@ def apply_config_resources():
 
 
 def _literal(resource):
-    """A resource's string as set: a profile's quoted value is kept as an expression to evaluate."""
+    """A resource's string as Snakemake will take it: a profile's value is an expression, evaluated at
+    submit time, and its own text where it is not Python (a SyntaxError, or a NameError: `-p gpu`,
+    `--exclusive`); None for an expression of the job (wildcards, attempt, ...)."""
     raw = getattr(resource, "raw", None)
     if isinstance(raw, str) and resource.is_evaluable():
         try:
-            raw = ast.literal_eval(raw)
-        except (ValueError, SyntaxError):
-            return None  # a real expression: the plugin checks its value when it submits
+            tree = ast.parse(raw, mode="eval")
+        except SyntaxError:
+            return raw
+        try:
+            raw = ast.literal_eval(tree)
+        except ValueError:
+            names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+            known = {"wildcards", "input", "attempt", "threads", "system_tmpdir", "shutil", "async_run"}
+            return raw if names - known - set(dir(builtins)) else None
     return raw if isinstance(raw, str) and raw else None
 
 

@@ -146,6 +146,7 @@ def test_the_70b_preset_is_one_flag(tmp_path):
         # the other chip's preset on this profile's nodes (trn2's KV order, 64 processes a node)
         ("slurm-trn1", ["--config", "preset=llama-3-70b-trn2"], ("trn1 nodes", "'trn2'", "preset 'llama-3-70b-trn2'")),
         ("slurm-trn2", ["--config", "neuron={hw_backend: trn1}"], ("trn2 nodes", "neuron.hw_backend 'trn1'", "slurm-trn1")),
+        ("slurm-trn2", ["--config", "preset=llama-3-70b-trn1"], ("trn2 nodes", "'trn1'", "preset 'llama-3-70b-trn1'")),
     ],
 )
 def test_a_conflicting_backend_stops_before_any_job_naming_both(tmp_path, profile, user, named):
@@ -399,6 +400,10 @@ def test_an_sbatch_option_the_slurm_plugin_sets_is_refused_at_parse_time(tmp_pat
     rc, text = dry()
     assert rc != 0 and "resources of train_torch: slurm_extra '-p gpu' sets the partition" in text
     assert "use resources 'slurm_partition' instead" in text
+    # unquoted in the profile: not Python, so Snakemake passes the text itself
+    (prof / "config.v8+.yaml").write_text("executor: local\ncores: 1\nset-resources:\n  get_data: {slurm_extra: --qos=high}\n")
+    rc, text = dry()
+    assert rc != 0 and "resources of get_data: slurm_extra '--qos=high' sets the quality of service" in text, text[-1500:]
     (prof / "config.v8+.yaml").write_text("executor: local\ncores: 1\n")
     rc, text = dry("resources={train: {slurm_extra: '--exclusive --qos=high'}}")
     assert rc != 0 and "sets the quality of service" in text and "use resources 'qos' instead" in text, text[-1500:]

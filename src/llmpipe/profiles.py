@@ -30,19 +30,23 @@ PROFILE_ENV = "LLMPIPE_PROFILE"
 OVERLAY = "llmpipe.yaml"
 REPO = Path(__file__).resolve().parents[2]
 # sbatch options the Slurm plugin sets itself (it refuses them in slurm_extra only when it submits the job,
-# hours into a run) -> the resource that asks for it
+# hours into a run) -> the plugin's resource that asks for it
 MANAGED_BY = {
     "quality of service": "qos",
     "partition": "slurm_partition",
     "account": "slurm_account",
     "memory": "mem_mb",
+    "memory per CPU": "mem_mb_per_cpu",
     "runtime/time limit": "runtime",
     "node constraints": "constraint",
     "generic resources (GRES)": "gres",
     "GPU allocation": "gpu",
     "CPUs per task": "cpus_per_task",
-    "number of nodes": "parallel.nnodes",
-    "number of tasks": "parallel.nnodes",
+    "CPUs per GPU": "cpus_per_gpu",
+    "tasks per GPU": "tasks_per_gpu",
+    "number of nodes": "nodes",
+    "number of tasks": "tasks",
+    "cluster specification": "clusters",
 }
 
 
@@ -144,7 +148,7 @@ HARDWARE = ("neuron", "hw_backend")  # a profile's nodes: a preset or config for
 
 
 def _refuse_other_hardware(profile: Path, overlay: dict, user: dict, basedir: Path) -> None:
-    ours = _backend(load_preset(overlay.get("preset"), basedir), overlay, key=HARDWARE)
+    ours = _backend(overlay, key=HARDWARE)  # the profile's own nodes, as its llmpipe.yaml says
     theirs = _backend(load_preset(user.get("preset"), basedir), user, key=HARDWARE)
     if ours is not None and theirs is not None and theirs != ours:
         via = f" (through preset {user['preset']!r})" if (user.get("neuron") or {}).get("hw_backend") is None else ""
@@ -217,11 +221,20 @@ def slurm_extra_problems(extras: dict[str, str]) -> list[str]:
         return []
     import re
 
+    from llmpipe.config import SCHEMA_PATH, _read_yaml
+
+    in_config = set(_read_yaml(SCHEMA_PATH)["$defs"]["rule_resources"]["properties"])
     out = []
     for rule, extra in sorted(extras.items()):
         for pattern, what in get_forbidden_slurm_options().items():
             if re.search(pattern, extra):  # as the plugin matches it
                 use = MANAGED_BY.get(what)
-                fix = f"use resources {use!r} instead" if use and "." not in use else f"set {use}" if use else "remove it"
+                if use in in_config:
+                    fix = f"use resources {use!r} instead"
+                elif use:
+                    fix = f"use the Slurm resource {use!r} in the profile's set-resources instead"
+                    fix += "; a training job's nodes and tasks: parallel.nnodes" if use in ("nodes", "tasks") else ""
+                else:
+                    fix = "remove it"
                 out.append(f"resources of {rule}: slurm_extra {extra!r} sets the {what}, which the Slurm executor sets ({fix})")
     return out

@@ -199,7 +199,8 @@ def check_config(cfg: dict) -> None:
     if nproc > cores:
         raise NeuronConfigError(
             f"parallel.nproc_per_node {nproc} is more processes than a {cfg['neuron']['hw_backend']} node has "
-            f"NeuronCores ({cores}; neuron.hw_backend)"
+            f"NeuronCores ({cores}; neuron.hw_backend"
+            + ("; 128 at LNC 1: neuron.env NEURON_LOGICAL_NC_CONFIG '1')" if cores == 64 else ")")
         )
     d = model_dims(cfg)
     if d is not None:
