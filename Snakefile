@@ -27,6 +27,7 @@ include: "rules/hub.smk"
 check_profile_resources()
 apply_config_resources()
 check_slurm_extra()
+check_train_gpus()
 write_dag_info()  # only for `llmpipe dag` (LLMPIPE_DAG_INFO)
 
 

@@ -309,6 +309,15 @@ def check_slurm_extra():
         raise WorkflowError("\n".join(found))
 
 
+def check_train_gpus():
+    """One training process a GPU: refused here when a node's processes outnumber its gres GPUs."""
+    train = next((r for r in workflow.rules if r.name == f"train_{BACKEND}"), None)
+    gres = _literal(train.resources.get("gres")) if train else None
+    problem = profiles.gpu_problem(BACKEND, config["parallel"]["nproc_per_node"], gres)
+    if problem:
+        raise WorkflowError(problem)
+
+
 def write_dag_info():
     """For `llmpipe dag`: the resolved config and the rules that run on the submitting host."""
     target = os.environ.get("LLMPIPE_DAG_INFO")

@@ -412,3 +412,20 @@ def test_an_sbatch_option_the_slurm_plugin_sets_is_refused_at_parse_time(tmp_pat
     block = text[text.index("rule train_torch:") :]
     assert "qos=high" in block[: block.index("\n\n")]
     assert profiles.slurm_extra_problems({"r": "--exclusive --mail-type=END"}) == []
+
+
+def test_more_training_processes_than_gres_gpus_is_refused(tmp_path):
+    """One process a GPU: nproc_per_node over the training job's gres GPUs a node would fail on a device
+    inside the allocation; the dry run stops naming both (as many or fewer: planned)."""
+
+    def dry(nproc):
+        over = [f"results_dir={tmp_path}/r", "resources={train: {gres: 'gpu:2'}}", f"parallel={{nproc_per_node: {nproc}}}"]
+        cmd = [sys.executable, "-m", "snakemake", "-n", "--profile", "local", "--config", *over, "train={micro_batch_size: 4}"]
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+        return proc.returncode, proc.stdout + proc.stderr
+
+    rc, text = dry(4)
+    assert rc != 0 and "parallel.nproc_per_node 4 is more processes than train_torch asks GPUs for a node (gres 'gpu:2')" in text
+    rc, text = dry(2)
+    assert rc == 0, text[-1500:]
+    assert profiles.gpu_problem("neuron", 32, "gpu:2") is None  # NeuronCores are not gres GPUs here

@@ -238,3 +238,17 @@ def slurm_extra_problems(extras: dict[str, str]) -> list[str]:
                     fix = "remove it"
                 out.append(f"resources of {rule}: slurm_extra {extra!r} sets the {what}, which the Slurm executor sets ({fix})")
     return out
+
+
+def gpu_problem(backend: str, nproc: int, gres: str | None) -> str | None:
+    """More processes a node than the GPUs its training job asks for (gres, per node): each process takes
+    one GPU, so the extra ones would fail on their device inside the allocation (torch, colossal)."""
+    from llmpipe.doctor import _gpus
+
+    gpus = _gpus(gres)
+    if backend not in ("torch", "colossal") or not gpus or nproc <= gpus:
+        return None
+    return (
+        f"parallel.nproc_per_node {nproc} is more processes than train_{backend} asks GPUs for a node "
+        f"(gres {gres!r}): one process a GPU; set parallel.nproc_per_node {gpus}, or resources: train: gres gpu:{nproc}"
+    )
