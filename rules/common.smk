@@ -1,6 +1,4 @@
 # Config layers and validation (before any job), run paths, backend selection, the llmpipe command.
-import ast
-import builtins
 import copy
 import functools
 import json
@@ -259,8 +257,8 @@ def check_profile_resources():
     owners = backends.rules_by_backend()
     missing = sorted(r for b, rs in owners.items() if b != BACKEND for r in rs if r in named)
     if missing:
-        named = profiles.snakemake_profiles(profiles.snakemake_argv() or [])
-        where = f"profile {(PROFILE or named[-1]).name!r}" if PROFILE or named else "the profile's set-resources"
+        given = profiles.snakemake_profiles(profiles.snakemake_argv() or [])
+        where = f"profile {(PROFILE or given[-1]).name!r}" if PROFILE or given else "the profile's set-resources"
         raise WorkflowError(
             f"{where} gives resources to {', '.join(missing)} (train.backend "
             f"{', '.join(sorted({b for b, rs in owners.items() for r in rs if r in missing}))}), but this config trains "
@@ -281,29 +279,10 @@ def apply_config_resources():
             r.resources.update(values)
 
 
-def _literal(resource):
-    """A resource's string as Snakemake will take it: a profile's value is an expression, evaluated at
-    submit time, and its own text where it is not Python (a SyntaxError, or a NameError: `-p gpu`,
-    `--exclusive`); None for an expression of the job (wildcards, attempt, ...)."""
-    raw = getattr(resource, "raw", None)
-    if isinstance(raw, str) and resource.is_evaluable():
-        try:
-            tree = ast.parse(raw, mode="eval")
-        except SyntaxError:
-            return raw
-        try:
-            raw = ast.literal_eval(tree)
-        except ValueError:
-            names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
-            known = {"wildcards", "input", "attempt", "threads", "system_tmpdir", "shutil", "async_run"}
-            return raw if names - known - set(dir(builtins)) else None
-    return raw if isinstance(raw, str) and raw else None
-
-
 def check_slurm_extra():
     """An sbatch option the Slurm plugin sets itself, in any rule's slurm_extra (profile or config): refused
     here, not by the plugin when it submits that job, after every job before it. Call after all rules."""
-    extras = {r.name: _literal(r.resources.get("slurm_extra")) for r in workflow.rules}
+    extras = {r.name: profiles.resource_text(r.resources.get("slurm_extra")) for r in workflow.rules}
     found = profiles.slurm_extra_problems({k: v for k, v in extras.items() if v})
     if found:
         raise WorkflowError("\n".join(found))
@@ -312,7 +291,7 @@ def check_slurm_extra():
 def check_train_gpus():
     """One training process a GPU: refused here when a node's processes outnumber its gres GPUs."""
     train = next((r for r in workflow.rules if r.name == f"train_{BACKEND}"), None)
-    gres = _literal(train.resources.get("gres")) if train else None
+    gres = profiles.resource_text(train.resources.get("gres")) if train else None
     problem = profiles.gpu_problem(BACKEND, config["parallel"]["nproc_per_node"], gres)
     if problem:
         raise WorkflowError(problem)

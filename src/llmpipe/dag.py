@@ -24,6 +24,7 @@ import textwrap
 from pathlib import Path
 
 from llmpipe.io import atomic_path
+from llmpipe.profiles import gres_gpus
 
 TRAINING = re.compile(r"^(train_\w+|neuron_precompile)$")
 
@@ -82,9 +83,9 @@ def asks(rule: str, info: dict, job: dict, plan: dict | None) -> list[str]:
     nodes = int(res.get("nodes", 1))
     lines = [f"{job['jobs']} job(s)" + (f" x {nodes} nodes" if nodes > 1 else "")]
     devices = []
-    gres = re.match(r"gpu(?::\w+)?:(\d+)", res.get("gres", ""))
+    gres = gres_gpus(res.get("gres"))
     if gres:
-        devices.append(f"{gres.group(1)} GPUs/node")
+        devices.append(f"{gres} GPUs/node")
     if res.get("gpu") not in (None, "0"):
         devices.append(f"{res['gpu']} GPUs")
     if info["backend"] == "neuron" and TRAINING.match(rule):

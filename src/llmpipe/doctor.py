@@ -21,7 +21,6 @@ import argparse
 import importlib.metadata as md
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -137,17 +136,12 @@ def _named_resources(spec: dict, cfg: dict) -> list[tuple[str, dict]]:
     return out
 
 
-def _gpus(gres) -> int:
-    """GPUs in a gres string: gpu:8, gpu:a100:8, gpu:2(S:0-1); 0 for none."""
-    return sum(int(n) for n in re.findall(r"gpu(?::[\w.-]+)?:(\d+)", str(gres or "")))
-
-
 def _nodes() -> dict[str, dict]:
     """The largest node of each partition: {partition: {cpus, mem_mb, gpus}} from sinfo."""
     out: dict[str, dict] = {}
     for line in (_run(["sinfo", "-h", "-o", "%R|%c|%m|%G"]) or "").splitlines():
         part, cpus, mem, gres = line.split("|")
-        node = {"cpus": int(cpus.rstrip("+")), "mem_mb": int(mem.rstrip("+")), "gpus": _gpus(gres)}
+        node = {"cpus": int(cpus.rstrip("+")), "mem_mb": int(mem.rstrip("+")), "gpus": profiles.gres_gpus(gres)}
         have = out.setdefault(part, node)
         out[part] = {k: max(have[k], node[k]) for k in node}
     return out
@@ -189,7 +183,7 @@ def executor(spec: dict, cfg: dict) -> list[str]:
         # no cpus_per_task is set (the Slurm plugin's --cpus-per-task)
         n = cfg["parallel"]["nnodes"] if rule == f"train_{cfg['train']['backend']}" else 1
         asks = {
-            "gpus": _gpus(res.get("gres")) or -(-int(res.get("gpu") or 0) // n),
+            "gpus": profiles.gres_gpus(res.get("gres")) or -(-int(res.get("gpu") or 0) // n),
             "cpus": res.get("cpus_per_task") or threads.get(rule),
             "mem_mb": res.get("mem_mb"),
         }

@@ -147,9 +147,9 @@ def _backend(*layers: dict, key: tuple[str, str] = ("train", "backend")) -> str 
 HARDWARE = ("neuron", "hw_backend")  # a profile's nodes: a preset or config for the other chip is refused
 
 
-def _refuse_other_hardware(profile: Path, overlay: dict, user: dict, basedir: Path) -> None:
+def _refuse_other_hardware(profile: Path, overlay: dict, user: dict, user_preset: dict) -> None:
     ours = _backend(overlay, key=HARDWARE)  # the profile's own nodes, as its llmpipe.yaml says
-    theirs = _backend(load_preset(user.get("preset"), basedir), user, key=HARDWARE)
+    theirs = _backend(user_preset, user, key=HARDWARE)
     if ours is not None and theirs is not None and theirs != ours:
         via = f" (through preset {user['preset']!r})" if (user.get("neuron") or {}).get("hw_backend") is None else ""
         raise ConfigError(
@@ -173,7 +173,8 @@ def layered(user: dict, profile: Path | None = None, basedir: Path = REPO) -> tu
     if profile:
         origins.append(f"profile {profile.name} ({profile / OVERLAY})")
         profile_backend = _backend(defaults, load_preset(overlay.get("preset"), basedir), overlay)
-        user_backend = _backend(load_preset(user.get("preset"), basedir), user)
+        user_preset = load_preset(user.get("preset"), basedir)
+        user_backend = _backend(user_preset, user)
         if user_backend is not None and user_backend != profile_backend:
             direct = (user.get("train") or {}).get("backend") is not None
             via, key = ("", "train.backend") if direct else (f" (through preset {user['preset']!r})", "preset")
@@ -183,7 +184,7 @@ def layered(user: dict, profile: Path | None = None, basedir: Path = REPO) -> tu
                 f"train on this profile's hardware, or choose the profile for {user_backend!r} "
                 "(README: Run on your hardware)"
             )
-        _refuse_other_hardware(profile, overlay, user, basedir)
+        _refuse_other_hardware(profile, overlay, user, user_preset)
     if user:
         origins.append("your --configfile / --config")
     cfg = merge(merge(merge(defaults, preset), overlay), user)
@@ -240,13 +241,42 @@ def slurm_extra_problems(extras: dict[str, str]) -> list[str]:
     return out
 
 
-def gpu_problem(backend: str, nproc: int, gres: str | None) -> str | None:
-    """More processes a node than the GPUs its training job asks for (gres, per node): each process takes
-    one GPU, so the extra ones would fail on their device inside the allocation (torch, colossal)."""
-    from llmpipe.doctor import _gpus
+def gres_gpus(gres) -> int:
+    """GPUs in a gres string: gpu:8, gpu:a100:8, gpu:2(S:0-1); 0 for none."""
+    import re
 
-    gpus = _gpus(gres)
-    if backend not in ("torch", "colossal") or not gpus or nproc <= gpus:
+    return sum(int(n) for n in re.findall(r"gpu(?::[\w.-]+)?:(\d+)", str(gres or "")))
+
+
+def resource_text(resource) -> str | None:
+    """A Snakemake resource's string as the executor will get it: a profile's value is an expression,
+    evaluated at submit time, and its own text where it is not Python (a SyntaxError, or a NameError:
+    `-p gpu`, `--exclusive`); None for an expression of the job (wildcards, attempt, ...) or a non-string."""
+    import ast
+    import builtins
+
+    raw = getattr(resource, "raw", None)
+    if isinstance(raw, str) and resource.is_evaluable():
+        try:
+            tree = ast.parse(raw, mode="eval")
+        except SyntaxError:
+            return raw
+        try:
+            raw = ast.literal_eval(tree)
+        except ValueError:
+            names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+            known = {"wildcards", "input", "attempt", "threads", "system_tmpdir", "shutil", "async_run"}
+            return raw if names - known - set(dir(builtins)) else None
+    return raw if isinstance(raw, str) and raw else None
+
+
+def gpu_problem(backend: str, nproc: int, gres: str | None) -> str | None:
+    """More processes a node than the GPUs its training job asks for (gres, per node): a backend whose
+    trainer runs one process a GPU (Backend.process_per_gpu) would fail on a device inside the allocation."""
+    from llmpipe import backends
+
+    gpus = gres_gpus(gres)
+    if not backends.get(backend).process_per_gpu or not gpus or nproc <= gpus:
         return None
     return (
         f"parallel.nproc_per_node {nproc} is more processes than train_{backend} asks GPUs for a node "

@@ -36,6 +36,7 @@ class Backend:
     checks: Callable[[dict], list[str]] | None = None  # config -> problems, each naming its keys
     parallel_defaults: Callable[[dict], dict] | None = None  # config -> its values for parallel.* left null
     document_masking: bool = False  # its trainer honours train.document_masking (evaluate then scores the same way)
+    process_per_gpu: bool = False  # on GPUs its trainer runs one process a GPU (nproc_per_node <= gres GPUs)
     # config -> its fingerprint sections beside train.* (the layout its checkpoints hold): its trainer
     # records them and the workflow refuses, before any job, a change that would not resume
     resume_sections: Callable[[dict], dict] | None = None

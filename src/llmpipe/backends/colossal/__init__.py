@@ -24,6 +24,7 @@ def _resume_sections(cfg: dict) -> dict:
 
 
 BACKEND = Backend(
+    process_per_gpu=True,
     name="colossal",
     doc="ColossalAI Booster (Gemini, ZeRO, 3D) on GPUs, in its own environment",
     commands={"colossal-train": "llmpipe.backends.colossal.train"},

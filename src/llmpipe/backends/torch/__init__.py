@@ -28,5 +28,6 @@ BACKEND = Backend(
     checks=_checks,
     parallel_defaults=lambda cfg: {"nproc_per_node": 1},
     document_masking=True,
+    process_per_gpu=True,
     resume_sections=_resume_sections,
 )
