@@ -2,6 +2,7 @@
 a job's shards written in parallel worker processes, and a store that does not depend on the grouping.
 The Slurm side (N shards -> few sbatch calls, parallel inside one allocation) is in test_slurm.py."""
 
+import contextlib
 import json
 import re
 import subprocess
@@ -142,28 +143,38 @@ def test_a_rerun_drops_the_old_completion_mark_and_what_killed_runs_left(tmp_pat
 @pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
 def test_workers_die_with_a_killed_job(tmp_path):
     """A tokenize job's workers (spawned processes) went on writing and renaming shards into its folder after
-    the job was killed with SIGKILL (`daemon` covers only a normal exit)."""
+    the job was killed with SIGKILL (`daemon` covers only a normal exit). The workers are stopped (SIGSTOP)
+    once ready, before the kill, so only the kernel's signal on the job's death can end them, however fast the machine."""
+    import os
+    import signal
     import time
 
     import psutil
 
-    big = " ".join(corpus_docs(400)) * 8  # ~12 MB a document: a worker encodes one for seconds
+    big = " ".join(corpus_docs(400)) * 8  # ~12 MB a document: a worker that got past the stop is still encoding
     cfg, tok = job_setup(tmp_path, [big] * 6)
     (tmp_path / "cfg.json").write_text(json.dumps(cfg))
     cmd = [sys.executable, "-m", "llmpipe", "tokenize", "--config", str(tmp_path / "cfg.json")]
     cmd += ["--sources", str(tmp_path / "sources.json"), "--job", "0", "--shards-per-job", "3", "--tokenizer", str(tok)]
     job = subprocess.Popen([*cmd, "--threads", "2", "--out", str(tmp_path / "job")], stderr=subprocess.PIPE, text=True)
     workers, seen = [], ""
-    while len(workers) < 2:
-        line = job.stderr.readline()
-        assert line, seen
-        seen += line
-        workers += [int(p) for p in re.findall(r"worker pid (\d+) started", line)]
-    time.sleep(3)  # the workers are encoding
-    job.kill()
-    job.wait(10)
-    deadline = time.time() + 0.5
-    while any(psutil.pid_exists(w) and psutil.Process(w).status() != psutil.STATUS_ZOMBIE for w in workers):
-        assert time.time() < deadline, f"workers {workers} outlived their killed job"
-        time.sleep(0.05)
+    try:
+        while len(workers) < 2:
+            line = job.stderr.readline()
+            assert line, seen
+            seen += line
+            for pid in re.findall(r"worker pid (\d+) ready", line):
+                os.kill(int(pid), signal.SIGSTOP)
+                workers.append(int(pid))
+        job.kill()
+        job.wait(10)
+        deadline = time.time() + 2
+        while any(psutil.pid_exists(w) and psutil.Process(w).status() != psutil.STATUS_ZOMBIE for w in workers):
+            assert time.time() < deadline, f"workers {workers} outlived their killed job"
+            time.sleep(0.05)
+    finally:
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
     assert not list((tmp_path / "job").glob("shard-*")), "a shard was renamed into a killed job's folder"
+    assert not (tmp_path / "job" / "read.json").exists()

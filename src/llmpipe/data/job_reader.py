@@ -208,6 +208,7 @@ def _work(conn, cfg, sources, outs, tokenizer_dir, key_of, parent: int) -> None:
     with the job (`daemon` does not cover a SIGKILL of it): nothing is written into a killed job's output."""
     die_with_parent(parent, signal.SIGKILL)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log.info("worker pid %d ready at %.3f (dies with the job)", os.getpid(), time.time())
     sink, spooled = None, []
     gc.disable()  # as shard_set.gc_paused: a process of its own
     try:
