@@ -53,3 +53,22 @@ def test_this_interpreter_runs_the_locked_versions():
         want = locked[req.name.lower().replace("_", "-")]
         have = md.version(req.name)
         assert want.specifier.contains(have, prereleases=True), f"{req.name} {have} installed, lock says {want}"
+
+
+def test_conda_environments_of_the_main_code_pin_the_locked_versions():
+    """envs/torch.yaml and envs/sagemaker.yaml run llmpipe's own steps (--software-deployment-method conda):
+    each pin there is the lock's (orjson 3.8.3 stayed there, outside pyproject's range, for months)."""
+    import yaml
+
+    locked = locked_here()
+    for env in ("torch.yaml", "sagemaker.yaml"):
+        deps = yaml.safe_load((REPO / "envs" / env).read_text())["dependencies"]
+        pins = [Requirement(p) for d in deps if isinstance(d, dict) for p in d["pip"]]
+        checked = [r for r in pins if r.name.lower().replace("_", "-") in locked]
+        assert len(checked) >= 10, env
+        wrong = [
+            f"{r} (lock {locked[r.name.lower().replace('_', '-')]})"
+            for r in checked
+            if pin(r) != pin(locked[r.name.lower().replace("_", "-")])
+        ]
+        assert not wrong, f"envs/{env}: {wrong}"

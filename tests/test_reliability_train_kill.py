@@ -142,6 +142,7 @@ def test_external_kill_9_then_resume_is_bitwise(prepared, setup, tmp_path):
         if metrics.exists() and len(metrics.read_text().splitlines()) >= after:
             break
         time.sleep(0.002)
+    assert proc.poll() is None, f"the run ended before the kill after {after} steps"
     os.kill(proc.pid, signal.SIGKILL)
     assert proc.wait() == -signal.SIGKILL
     assert not (tmp_path / "final").exists()

@@ -4,6 +4,7 @@ run never has two trainers and resumes to the same weights as an unkilled one.""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -147,10 +148,17 @@ def test_kill_9_of_snakemake_stops_its_trainer_and_the_rerun_resumes_exactly(tmp
     driver = snakemake("killed")
     deadline = time.time() + 300
     while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 40):
-        time.sleep(0.5)
-    assert trainers(work), "training did not start"
+        time.sleep(0.05)
+    running = trainers(work)
+    assert running, "training did not start"
+    for p in running:  # held until its launcher has had time to see snakemake die (it checks each second)
+        p.suspend()
     driver.send_signal(signal.SIGKILL)  # only snakemake: its shell, launcher and trainer are left behind
     driver.wait()
+    time.sleep(3)
+    for p in running:  # the launcher's SIGTERM, sent while it was stopped, is handled first
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.resume()
     deadline = time.time() + 60
     while trainers(work) and time.time() < deadline:
         time.sleep(0.5)
@@ -181,24 +189,38 @@ def test_kill_9_of_the_launcher_stops_its_trainer_and_the_lease_holds_while_it_r
     SIGKILL (its snakemake's process group killed) used to leave it training, and a rerun took the lease of
     the dead launcher and trained beside it. Now the kernel sends it SIGTERM, and until its process group
     is gone the lease is not taken over on its host."""
-    trainer = tmp_path / "trainer.py"
-    trainer.write_text(
-        "import signal, sys, time\n"
-        "signal.signal(signal.SIGTERM, lambda *a: (time.sleep(2), sys.exit(0)))  # a trainer saving on SIGTERM\n"
+    trainer, flags = tmp_path / "trainer.py", tmp_path / "flags"
+    flags.mkdir()
+    trainer.write_text(  # a trainer saving on SIGTERM, held in its handler until the test releases it
+        "import pathlib, signal, sys, time\n"
+        "flags = pathlib.Path(sys.argv[1])\n"
+        "def stop(*a):\n"
+        "    (flags / 'term').touch()\n"
+        "    end = time.time() + 60\n"
+        "    while not (flags / 'release').exists() and time.time() < end: time.sleep(0.05)\n"
+        "    sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, stop)\n"
+        "(flags / 'ready').touch()\n"
         "while True: time.sleep(0.1)\n"
     )
     launch = [sys.executable, "-m", "llmpipe", "launch", "--launcher", "local", "--lock", str(tmp_path), "--"]
-    first = subprocess.Popen([*launch, str(trainer)], stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 30
-    while "group" not in (lockmod._read(tmp_path / lockmod.LOCK_NAME) or {}) and time.time() < deadline:
-        time.sleep(0.1)
+    first = subprocess.Popen([*launch, str(trainer), str(flags)], stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not (flags / "ready").exists() and time.time() < deadline:  # its SIGTERM handler is in place
+        time.sleep(0.05)
+    assert (flags / "ready").exists(), "the trainer never started"
     group = lockmod._read(tmp_path / lockmod.LOCK_NAME)["group"]
     assert pid_running(group, group=True)
     first.kill()
     first.wait(10)
+    deadline = time.time() + 10
+    while not (flags / "term").exists() and time.time() < deadline:
+        time.sleep(0.05)
+    assert (flags / "term").exists(), "the trainer got no SIGTERM when its launcher was killed"
     second = subprocess.run([*launch, "-c", "print('trained')"], capture_output=True, text=True, timeout=60)
     assert second.returncode != 0 and "trained" not in second.stdout  # the killed launcher's trainer still stops
     assert f"its trainer process group {group}" in second.stderr, second.stderr
+    (flags / "release").touch()
     deadline = time.time() + 20
     while pid_running(group, group=True) and time.time() < deadline:
         time.sleep(0.1)
