@@ -21,8 +21,12 @@ DECLARED = [Requirement(r) for r in PROJECT["dependencies"] + PROJECT["optional-
 HERE = (f"{sys.version_info.major}.{sys.version_info.minor}", "x86_64")
 
 
+def key(req: Requirement) -> str:
+    return req.name.lower().replace("_", "-")
+
+
 def locked_here() -> dict[str, Requirement]:
-    return {r.name.lower().replace("_", "-"): r for r in lock_requirements(REPO / "requirements.lock") if applies(r, *HERE)}
+    return {key(r): r for r in lock_requirements(REPO / "requirements.lock") if applies(r, *HERE)}
 
 
 def pin(req: Requirement) -> str:
@@ -34,7 +38,7 @@ def pin(req: Requirement) -> str:
 def test_every_declared_range_has_a_locked_pin_inside_it():
     locked = locked_here()
     for req in DECLARED:
-        name = req.name.lower().replace("_", "-")
+        name = key(req)
         assert name in locked, f"{req} is declared but not locked: run scripts/lock.sh"
         assert req.specifier.contains(pin(locked[name]), prereleases=True), f"lock {locked[name]} is outside {req}"
 
@@ -50,25 +54,21 @@ def test_lock_keeps_the_cpu_wheel_rule():
 def test_this_interpreter_runs_the_locked_versions():
     locked = locked_here()
     for req in DECLARED:
-        want = locked[req.name.lower().replace("_", "-")]
+        want = locked[key(req)]
         have = md.version(req.name)
         assert want.specifier.contains(have, prereleases=True), f"{req.name} {have} installed, lock says {want}"
 
 
 def test_conda_environments_of_the_main_code_pin_the_locked_versions():
     """envs/torch.yaml and envs/sagemaker.yaml run llmpipe's own steps (--software-deployment-method conda):
-    each pin there is the lock's (orjson 3.8.3 stayed there, outside pyproject's range, for months)."""
+    each pin there is the lock's (orjson 3.8.3 stayed there, outside pyproject's range, after the range was raised)."""
     import yaml
 
     locked = locked_here()
     for env in ("torch.yaml", "sagemaker.yaml"):
         deps = yaml.safe_load((REPO / "envs" / env).read_text())["dependencies"]
         pins = [Requirement(p) for d in deps if isinstance(d, dict) for p in d["pip"]]
-        checked = [r for r in pins if r.name.lower().replace("_", "-") in locked]
+        checked = [r for r in pins if key(r) in locked]
         assert len(checked) >= 10, env
-        wrong = [
-            f"{r} (lock {locked[r.name.lower().replace('_', '-')]})"
-            for r in checked
-            if pin(r) != pin(locked[r.name.lower().replace("_", "-")])
-        ]
+        wrong = [f"{r} (lock {locked[key(r)]})" for r in checked if pin(r) != pin(locked[key(r)])]
         assert not wrong, f"envs/{env}: {wrong}"

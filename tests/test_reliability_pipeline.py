@@ -168,7 +168,7 @@ def test_kill_9_during_data_stage_then_rerun_is_byte_identical(clean, tmp_path, 
         assert wait_for(pattern, watch, proc), f"never saw {stage} writing"
         time.sleep(random.Random(seed).uniform(0, 0.05))  # a seeded point inside (or just after) the write
         os.killpg(proc.pid, signal.SIGSTOP)  # frozen: whether the stage's job still runs cannot change
-        interrupted = stage_running(proc.pid, f"llmpipe {'tokenize' if stage == 'tokenize' else 'pack'}")
+        interrupted = stage_running(proc.pid, f"llmpipe {stage}")  # its command
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # Snakemake and every job: nothing gets to clean up

@@ -18,8 +18,11 @@ cluster jobs inherit (the Slurm executor submits with --export=ALL) and read ins
 
 from __future__ import annotations
 
+import ast
+import builtins
 import copy
 import os
+import re
 from pathlib import Path
 
 import yaml
@@ -243,8 +246,6 @@ def slurm_extra_problems(extras: dict[str, str]) -> list[str]:
 
 def gres_gpus(gres) -> int:
     """GPUs in a gres string: gpu:8, gpu:a100:8, gpu:2(S:0-1); 0 for none."""
-    import re
-
     return sum(int(n) for n in re.findall(r"gpu(?::[\w.-]+)?:(\d+)", str(gres or "")))
 
 
@@ -252,9 +253,6 @@ def resource_text(resource) -> str | None:
     """A Snakemake resource's string as the executor will get it: a profile's value is an expression,
     evaluated at submit time, and its own text where it is not Python (a SyntaxError, or a NameError:
     `-p gpu`, `--exclusive`); None for an expression of the job (wildcards, attempt, ...) or a non-string."""
-    import ast
-    import builtins
-
     raw = getattr(resource, "raw", None)
     if isinstance(raw, str) and resource.is_evaluable():
         try:
