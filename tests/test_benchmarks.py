@@ -4,7 +4,8 @@ did: data_prep.py's symlinked corpus copies were refused once get-data refused a
 The figures at these sizes are not the targets (fixed costs dominate a 2 MB corpus); what is checked is
 that every script runs to its end and that what it prints holds together: the rows it promises, token
 counts that agree across backends and scales, bytes read equal to the source size where one read is the
-claim. The GPU scripts run their CPU checks (--cpu-smoke, --tiny); on a GPU machine they measure for real.
+claim. The GPU scripts run their CPU checks (--cpu-smoke, --tiny) with no GPU visible (CUDA_VISIBLE_DEVICES
+empty), whatever the machine. data_prep.py compiles src/llmpipe's bytecode in place (as .ci/run does).
 benchmarks/default_run.py (the whole default run, ~3 min) and neuron_shard_memory.py (a 1 B model;
 tests/test_neuron_memory.py runs its measurement on small models) are not run here.
 """
@@ -29,7 +30,7 @@ BENCH = REPO / "benchmarks"
 
 def bench(script: str, *args: str, tmp_path, python: str = sys.executable, timeout: int = 600) -> str:
     """Run benchmarks/`script` with its temporary files under tmp_path; its standard output."""
-    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(REPO / "src")}
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(REPO / "src"), "CUDA_VISIBLE_DEVICES": ""}
     done = subprocess.run(
         [python, str(BENCH / script), *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
     )
@@ -104,14 +105,19 @@ def test_shard_reads_reads_each_byte_once_and_the_baseline_once_per_shard(tmp_pa
 
 def test_shard_throughput_and_dry_run_group_shards_into_the_jobs_the_dag_makes(tmp_path):
     """shard_throughput.py (a real local run) and dry_run_shards.py (snakemake -n): the tokenize jobs each
-    ran or listed are the count llmpipe's grouping gives."""
+    ran or listed are those llmpipe's grouping makes for as many sources as shards (at most MAX_AUTO_JOBS,
+    what both scripts set data.shards_per_job to stand for)."""
+
+    def grouped(shards: int) -> int:
+        return num_jobs({"num_shards": shards, "shards_per_job": None}, n_sources=shards)
+
     out = bench("shard_throughput.py", "--shards", "8", "--baseline-shards", "4", tmp_path=tmp_path)
     ran = re.findall(r"(grouped|one shard a job \(baseline\)): +(\d+) shards in +(\d+) jobs", out)
-    expected = [("grouped", 8, num_jobs({"num_shards": 8, "shards_per_job": None})), ("one shard a job (baseline)", 4, 4)]
+    expected = [("grouped", 8, grouped(8)), ("one shard a job (baseline)", 4, 4)]
     assert [(who, int(s), int(j)) for who, s, j in ran] == expected, out
     out = bench("dry_run_shards.py", "--shards", "100", "--repeat", "1", "--no-baseline", tmp_path=tmp_path)
     m = re.search(r"100 shards: [\d.]+ s, peak RSS [\d.]+ GB, (\d+) tokenize jobs", out)
-    assert m and int(m[1]) == num_jobs({"num_shards": 100, "shards_per_job": None}), out
+    assert m and int(m[1]) == grouped(100), out
 
 
 def test_verify_memory_checks_every_view_at_twice_the_data(tmp_path):
@@ -132,7 +138,7 @@ def test_long_document_gives_the_same_tokens_on_both_backends_and_formats(tmp_pa
 
 def test_gpu_benchmarks_check_themselves_on_cpu(tmp_path):
     """torch_gpu_throughput.py --cpu-smoke (2 gloo processes, every mode) and loss_kernel.py (no GPU: says
-    so); on a GPU machine both measure."""
+    so); on a GPU machine, run by hand, both measure."""
     out = bench("torch_gpu_throughput.py", "--cpu-smoke", tmp_path=tmp_path)
     cases = re.findall(r"^tiny (minimal|ddp|fsdp2) +seq \d+ .*masking (on|off) +(\d+) tok/s/GPU", out, re.M)
     assert {c[0] for c in cases} == {"minimal", "ddp", "fsdp2"} and all(int(c[2]) > 0 for c in cases), out
