@@ -141,8 +141,7 @@ def timed_steps(step, batches: list, case: dict, hf_config, world: int, on_gpu: 
         "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if on_gpu else None,
         "device": torch.cuda.get_device_name() if on_gpu else "cpu",
     }
-    dist.barrier()
-    dist.destroy_process_group()
+    dist.barrier()  # the group is left as it is: in_torchrun ends the process without tearing it down
     return out
 
 
@@ -161,13 +160,18 @@ def add_case_args(p) -> None:
 
 
 def in_torchrun(args, run_case) -> bool:
-    """Inside torchrun (--case): run the case, rank 0 writes its result; True. The driver: False."""
+    """Inside torchrun (--case): run the case, rank 0 writes its result, and the process ends there (never
+    returns). The driver: False. No teardown of the process group: with torch 2.13, freeing a gloo group
+    can deadlock (its destructor joins the group's worker thread while holding the GIL that thread waits
+    for to free its last work); a --cpu-smoke case hung so in CI."""
     if not args.case:
         return False
     out = run_case(json.loads(args.case))
     if int(os.environ.get("RANK", "0")) == 0:
         Path(args.result).write_text(json.dumps(out))
-    return True
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run_cases(script: str, named: list[tuple[str, dict]], args, gpus: int) -> list[dict]:

@@ -139,7 +139,7 @@ def test_long_document_gives_the_same_tokens_on_both_backends_and_formats(tmp_pa
 def test_gpu_benchmarks_check_themselves_on_cpu(tmp_path):
     """torch_gpu_throughput.py --cpu-smoke (2 gloo processes, every mode) and loss_kernel.py (no GPU: says
     so); on a GPU machine, run by hand, both measure."""
-    out = bench("torch_gpu_throughput.py", "--cpu-smoke", tmp_path=tmp_path)
+    out = bench("torch_gpu_throughput.py", "--cpu-smoke", "--timeout", "180", tmp_path=tmp_path)  # a hung case fails
     cases = re.findall(r"^tiny (minimal|ddp|fsdp2) +seq \d+ .*masking (on|off) +(\d+) tok/s/GPU", out, re.M)
     assert {c[0] for c in cases} == {"minimal", "ddp", "fsdp2"} and all(int(c[2]) > 0 for c in cases), out
     assert "no CUDA GPU available" in bench("loss_kernel.py", tmp_path=tmp_path)
@@ -149,6 +149,6 @@ def test_colossal_benchmark_checks_itself_on_cpu(tmp_path):
     from tests.test_colossal import VENV_PY, need_env
 
     need_env()
-    out = bench("colossal_gpu_throughput.py", "--tiny", tmp_path=tmp_path, python=str(VENV_PY))
+    out = bench("colossal_gpu_throughput.py", "--tiny", "--timeout", "180", tmp_path=tmp_path, python=str(VENV_PY))
     cases = re.findall(r"^tiny (\S+) +(\d+) tok/s/GPU", out, re.M)
     assert {c[0] for c in cases} >= {"ddp", "torch"} and all(int(c[1]) > 0 for c in cases), out
