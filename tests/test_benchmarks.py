@@ -38,7 +38,7 @@ def bench(script: str, *args: str, tmp_path, python: str = sys.executable, timeo
     return done.stdout
 
 
-def percent(out: str, label: str) -> float:
+def percent(out: str, label: str) -> int:
     m = re.search(re.escape(label) + r"[^\n]*?: (-?\d+)% \(rounds: (-?\d+)%\)", out)
     assert m, f"no '{label}' ratio in:\n{out}"
     assert m[1] == m[2], "one round: the median is that round"
