@@ -500,3 +500,31 @@ def test_interrupted_download_leaves_nothing_and_resumes(hub_models, tmp_path):
     assert (
         record["commit"] == h["sha1"] and (out / shard).read_bytes() == hub.repos[("model", "org/tiny")].commits[h["sha1"]][shard]
     )
+
+
+def test_download_links_leave_the_sources_modes_alone(tmp_path):
+    """download-model hard-links the files it takes (the Hub cache's blobs, a local folder's files) where it
+    can: giving the output the umask's modes must not change the other name's (the cache is shared)."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from llmpipe.hub.download import download_model
+
+    src = tmp_path / "base"
+    src.mkdir()
+    (src / "config.json").write_text("{}")
+    save_file({"w": np.zeros(4, np.float32)}, str(src / "model.safetensors"))
+    modes = {"config.json": 0o640, "model.safetensors": 0o440}
+    for name, mode in modes.items():
+        os.chmod(src / name, mode)
+    out = tmp_path / "out"
+    download_model(str(src), out)
+    assert {name: (src / name).stat().st_mode & 0o777 for name in modes} == modes
+    assert (out / "model.safetensors").stat().st_ino == (src / "model.safetensors").stat().st_ino  # linked, not copied
+    assert (out / "hub.json").stat().st_mode & 0o777 == 0o666 & ~current_umask()  # our own file: the usual mode
+
+
+def current_umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask

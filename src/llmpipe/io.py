@@ -85,12 +85,13 @@ def pid_running(pid: int, group: bool = False) -> bool:
 
 
 def _default_modes(path: Path) -> None:
-    """Some writers (safetensors) create 0600 files; give outputs the usual umask-based modes."""
+    """Some writers (safetensors) create 0600 files; give outputs the usual umask-based modes. A file with
+    other hard links (download-model links the Hub cache's blobs) keeps its mode: it is the other name's too."""
     umask = os.umask(0)
     os.umask(umask)
     paths = [path, *path.rglob("*")] if path.is_dir() else [path]
     for p in paths:
-        if p.is_symlink() or not p.exists():
+        if p.is_symlink() or not p.exists() or (not p.is_dir() and p.stat().st_nlink > 1):
             continue
         os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~umask)
 
