@@ -76,11 +76,8 @@ def worker_ours(corpus: str, work: Path, backend: str, records: int | None, copi
     sources = [corpus]
     if copies > 1:  # a corpus `copies` times as large: the same bytes as as many files (sources)
         sources = [str(work / f"copy-{i}.jsonl.gz") for i in range(copies)]
-        for name in sources:  # not symlinks: get-data refuses one file listed twice
-            try:
-                os.link(corpus, name)
-            except OSError:  # another filesystem
-                shutil.copyfile(corpus, name)
+        for name in sources:  # copies: get-data refuses one file listed twice, under any name (symlink, hard link)
+            shutil.copyfile(corpus, name)
     cfg = json.dumps(
         {
             "run": "bench",

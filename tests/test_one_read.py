@@ -133,21 +133,31 @@ def test_manifest_counts_reads_and_names_a_grouping_that_reads_twice(tmp_path, t
     got = json.loads(read.read_text())
     got["sha256"][0][3] = "0" * 64
     read.write_text(json.dumps(got))
-    with pytest.raises(ValueError, match="changed while it was tokenized"):
+    with pytest.raises(SystemExit, match="llmpipe token-store: error: .*changed while it was tokenized"):
         token_store_main(["--shards", *map(str, jobs), "--sources", sources, "--out", str(out)])
 
     # a job killed after its shards, before its read.json (written last): named, not a store without its reads
     read.unlink()
-    with pytest.raises(ValueError, match=rf"tokenize job folder {jobs[1]} has no read.json"):
+    with pytest.raises(SystemExit, match=rf"llmpipe token-store: error: tokenize job folder {jobs[1]} has no read.json"):
         token_store_main(["--shards", *map(str, jobs), "--sources", sources, "--out", str(out)])
 
 
 def test_a_source_that_changed_size_after_get_data_stops_the_job(tmp_path, tok):
+    """Found once the shards are written: they are taken away again, in a job (no shard stays looking
+    complete beside the missing read.json) and for one shard alone (`--shard`, which checked nothing)."""
     cfg, source = _setup(tmp_path, "jsonl")
     with open(source, "a") as fh:
         fh.write(json.dumps({"text": "one more"}) + "\n")
     with pytest.raises(SourceSizeChanged, match="changed after get-data recorded its size"):
         tokenize_job(cfg, str(tmp_path / "sources.json"), 0, tok, tmp_path / "job", 1, per_job=SHARDS)
+    assert list((tmp_path / "job").iterdir()) == []
+    from llmpipe.data.tokenize import main as tokenize_main
+
+    shard = tmp_path / "alone.safetensors"
+    args = ["--config", json.dumps(cfg), "--sources", str(tmp_path / "sources.json"), "--shard", "0"]
+    with pytest.raises(SystemExit, match="llmpipe tokenize: error: data source .* changed after get-data"):
+        tokenize_main([*args, "--tokenizer", str(tok), "--out", str(shard)])
+    assert not shard.exists()
 
 
 def test_a_worker_failure_stops_the_job_naming_it(tmp_path, tok, monkeypatch):

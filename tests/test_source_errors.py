@@ -6,6 +6,7 @@ import gzip
 import json
 import lzma
 import os
+import re
 import subprocess
 import sys
 import zlib
@@ -14,7 +15,7 @@ import pytest
 
 from llmpipe import config as cfgmod
 from llmpipe.data.get_data import get_data
-from llmpipe.data.readers import BadSource, ReadStats, documents, iter_documents
+from llmpipe.data.readers import BadRecord, BadSource, ReadStats, documents, iter_documents
 from llmpipe.data.sources import refuse_repeats
 from tests.conftest import GPT2, REPO, corpus_docs, write_jsonl
 
@@ -127,6 +128,79 @@ def test_garbage_after_good_gzip_member(tmp_path, docs, tail):
     assert str(path) in json.dumps(stats.as_dict()["sources_skipped_examples"])
 
 
+COMPRESS = {"bz2": bz2.compress, "xz": lzma.compress, "zst": lambda b: __import__("zstandard").ZstdCompressor().compress(b)}
+
+
+@pytest.mark.parametrize("suffix", ["bz2", "xz", "zst"])
+@pytest.mark.parametrize("tail", ["garbage", "damaged_stream", "zero_padding"])
+def test_bytes_after_the_last_stream_are_never_dropped_silently(tmp_path, docs, suffix, tail):
+    """BZ2File / LZMAFile ended without a word at bytes after a stream that are not another one (a damaged
+    second stream: its documents lost, none counted); zstd lost the records before such bytes. Now: the
+    whole streams' records, then the source named (fail) or counted as damaged (skip); zero padding is no
+    damage (xz's stream padding)."""
+    good = COMPRESS[suffix](jsonl_bytes(docs[:200]))
+    second = bytearray(COMPRESS[suffix](jsonl_bytes(docs[200:300])))
+    second[0] ^= 0xFF  # its magic bytes: not a stream any more
+    extra = {"garbage": b"GARBAGE", "damaged_stream": bytes(second), "zero_padding": bytes(8)}[tail]
+    path = tmp_path / f"two.jsonl.{suffix}"
+    path.write_bytes(good + extra)
+    stats = ReadStats()
+    out = read(path, "skip", stats)
+    assert out == docs[:200]
+    if tail == "zero_padding":
+        assert read(path, "fail") == docs[:200] and not stats.bad_sources
+        return
+    assert skipped_sources(stats) == {"damaged_source": [str(path)]}
+    with pytest.raises(BadSource, match=rf"^{path}: unreadable after line 200, 200 records .*are not {suffix[:2]}"):
+        read(path, "fail")
+
+
+def _stored_gz_with_a_changed_byte(data: bytes) -> bytes:
+    """gzip of stored (uncompressed) deflate blocks, one byte of the text changed: the deflate stream stays
+    valid, only the member's CRC at its end finds the change."""
+    gz = bytearray(gzip.compress(data, compresslevel=0, mtime=0))
+    at = gz.find(b"1: ")  # inside the second document
+    gz[at] = ord("X")
+    return bytes(gz)
+
+
+@pytest.mark.parametrize("kind", ["gz_crc", "gz_bits", "bz2", "xz", "zst"])
+def test_corrupt_data_inside_a_stream_stops_even_under_skip(tmp_path, docs, kind):
+    """A stream damaged after some of its records were read: those may be damaged too (the gzip CRC at the
+    member's end, a bz2 / xz block check, zstd's checksum), so they are never kept as good documents: the run
+    stops under either policy, naming the file. Before, under skip, 'document 1' came out changed."""
+    data = jsonl_bytes(docs)
+    if kind == "gz_crc":
+        raw = _stored_gz_with_a_changed_byte(data)
+    else:
+        import zstandard
+
+        packed = {
+            "gz_bits": lambda b: gzip.compress(b, mtime=0),
+            "bz2": bz2.compress,
+            "xz": lzma.compress,
+            "zst": lambda b: zstandard.ZstdCompressor(write_checksum=True).compress(b),
+        }[kind](data)
+        raw = bytearray(packed)
+        for i in range(len(raw) * 3 // 4, len(raw) * 3 // 4 + 64):  # damage near the end: records read before
+            raw[i] ^= 0x55
+        raw = bytes(raw)
+    path = tmp_path / f"bad.jsonl.{kind.split('_')[0]}"
+    path.write_bytes(raw)
+    for policy in ("fail", "skip"):
+        got = []
+        with pytest.raises(BadRecord) as err:
+            for _, text in documents(str(path), data_cfg([path], on_bad_record=policy), ReadStats()):
+                got.append(text)
+        if policy == "fail" and not isinstance(err.value, BadSource):  # damaged text met first: a bad record
+            assert err.value.reason == "bad_json" and kind == "gz_bits", err.value
+            continue
+        assert err.value.reason == "corrupt_source", err.value
+        assert re.match(rf"{re.escape(str(path))}: corrupt after .*damaged .*cannot be skipped", str(err.value)), err.value
+        if kind == "gz_crc":  # found only by the CRC at the member's end: most of its records had been read
+            assert len(got) > len(docs) // 2 and got[1] != docs[1] and got[1].replace("X", "1", 1) == docs[1]
+
+
 def test_corrupt_parquet(tmp_path):
     path = tmp_path / "bad.parquet"
     path.write_bytes(b"PAR1 not really parquet PAR1")
@@ -162,20 +236,21 @@ def test_json_array_file_is_named_not_counted_as_bad_lines(tmp_path, docs, inden
     assert skipped_sources(stats) == {"unreadable_source": [str(path)]} and not stats.skipped
 
 
+@pytest.mark.parametrize("name", ["sub.jsonl", "sub"])  # "sub": no suffix of a format (a tokenize traceback before)
 @pytest.mark.parametrize("policy", ["fail", "skip"])
-def test_directory_as_source(tmp_path, docs, policy):
+def test_directory_as_source(tmp_path, docs, policy, name):
     write_jsonl(tmp_path / "good.jsonl", docs[:3])
-    (tmp_path / "sub.jsonl").mkdir()
-    cfg = data_cfg([tmp_path / "good.jsonl", tmp_path / "sub.jsonl"], on_bad_record=policy)
+    (tmp_path / name).mkdir()
+    cfg = data_cfg([tmp_path / "good.jsonl", tmp_path / name], on_bad_record=policy)
     if policy == "fail":
-        with pytest.raises(BadSource, match=rf"^{tmp_path / 'sub.jsonl'}: data source is a directory"):
+        with pytest.raises(BadSource, match=rf"^{tmp_path / name}: data source is a directory"):
             get_data(cfg, tmp_path / "sources.json")
         return
     manifest = get_data(cfg, tmp_path / "sources.json")
-    assert manifest["sources"][1] == {"source": str(tmp_path / "sub.jsonl"), "unusable": "is a directory, not a file"}
+    assert manifest["sources"][1] == {"source": str(tmp_path / name), "unusable": "is a directory, not a file"}
     stats = ReadStats()
     assert list(iter_documents(cfg, stats)) == docs[:3]
-    assert skipped_sources(stats) == {"unreadable_source": [str(tmp_path / "sub.jsonl")]}
+    assert skipped_sources(stats) == {"unreadable_source": [str(tmp_path / name)]}
 
 
 @pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root reads a chmod 000 file")
@@ -280,6 +355,11 @@ def test_a_file_listed_twice_is_refused_naming_both_spellings(tmp_path, docs):
             get_data(data_cfg(sources), tmp_path / "sources.json")
         assert not (tmp_path / "sources.json").exists()
     assert len(get_data(data_cfg([str(tmp_path / "in" / "*.jsonl")]), tmp_path / "sources.json")["sources"]) == 2
+    os.link(a, tmp_path / "hard.jsonl")  # another name of the same inode: no spelling gives it away
+    hard = str(tmp_path / "hard.jsonl")
+    with pytest.raises(ValueError, match=f"names {hard} twice .*hard links to one file: {a} and {hard}"):
+        get_data(data_cfg([a, hard]), tmp_path / "hard-sources.json")
+    assert not (tmp_path / "hard-sources.json").exists()
     with pytest.raises(ValueError, match="twice"):  # one string object listed twice
         refuse_repeats([a, a])
     cfg = json.dumps({"data": {"sources": [a, a]}})
@@ -342,3 +422,62 @@ def test_a_source_of_no_format_we_read_stops_get_data(tmp_path):
     assert f"unsupported data source format: {tmp_path / 'corpus.csv.gz'} (expected .jsonl" in proc.stderr
     assert source_format("https://h.example/x.jsonl?download=1") == "jsonl"
     assert source_format("https://h.example/x.jsonl.gz#part") == "jsonl" and source_format("s3://b/x.txt.zst") == "text"
+
+
+def cli(*args, cwd=REPO):
+    return subprocess.run([sys.executable, "-m", "llmpipe", *map(str, args)], capture_output=True, text=True, cwd=cwd)
+
+
+def last_line(proc) -> str:
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    return proc.stderr.strip().splitlines()[-1]
+
+
+def test_a_glob_matching_nothing_is_one_line_and_leaves_no_earlier_sources_json(tmp_path, docs):
+    """A failed get-data leaves no sources.json of an earlier config looking current, and tokenize refuses a
+    sources.json that get-data wrote for other data.sources."""
+    write_jsonl(tmp_path / "old.jsonl", docs[:3])
+    old = json.dumps({"data": {"sources": [str(tmp_path / "old.jsonl")]}, "tokenizer": {"source": str(GPT2)}})
+    out = tmp_path / "sources.json"
+    assert cli("get-data", "--config", old, "--out", out).returncode == 0 and out.is_file()
+    pattern = str(tmp_path / "new-*.jsonl")
+    new = json.dumps({"data": {"sources": [pattern]}, "tokenizer": {"source": str(GPT2)}})
+    assert (
+        last_line(cli("get-data", "--config", new, "--out", out)) == f"llmpipe get-data: error: data source not found: {pattern}"
+    )
+    assert not out.exists()
+    assert cli("get-data", "--config", old, "--out", out).returncode == 0
+    shard = tmp_path / "shard.safetensors"
+    line = last_line(cli("tokenize", "--config", new, "--sources", out, "--shard", 0, "--tokenizer", GPT2, "--out", shard))
+    assert line.startswith(f"llmpipe tokenize: error: {out} was written by get-data for data.sources [") and pattern in line
+    assert "run get-data again" in line and not shard.exists()
+
+
+def test_tokenizer_training_names_a_bad_record_in_one_line(tmp_path, docs):
+    (tmp_path / "bad.jsonl").write_text(json.dumps({"text": docs[0]}) + '\n{"text": "unterminated\n')
+    cfg = json.dumps({"data": {"sources": [str(tmp_path / "bad.jsonl")]}, "tokenizer": {"source": "train", "vocab_size": 300}})
+    assert cli("get-data", "--config", cfg, "--out", tmp_path / "s.json").returncode == 0
+    line = last_line(cli("tokenizer", "--config", cfg, "--sources", tmp_path / "s.json", "--out", tmp_path / "tok"))
+    assert line.startswith(f"llmpipe tokenizer: error: {tmp_path / 'bad.jsonl'}:2: not valid JSON"), line
+    assert not (tmp_path / "tok").exists()
+
+
+def test_store_and_pack_refusals_are_one_line(tmp_path, docs):
+    """token-store: a job folder without read.json (the job did not end); pack: a split without one row."""
+    write_jsonl(tmp_path / "a.jsonl", docs[:5])
+    cfg = json.dumps({"data": {"sources": [str(tmp_path / "a.jsonl")], "num_shards": 1}, "tokenizer": {"source": str(GPT2)}})
+    s = tmp_path / "s.json"
+    job = tmp_path / "tokens" / "job-00000"
+    assert cli("get-data", "--config", cfg, "--out", s).returncode == 0
+    proc = cli("tokenize", "--config", cfg, "--sources", s, "--job", 0, "--tokenizer", GPT2, "--out", job)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    manifest = tmp_path / "tokens" / "manifest.json"
+    (job / "read.json").rename(tmp_path / "read.json")
+    line = last_line(cli("token-store", "--shards", job, "--sources", s, "--out", manifest))
+    assert line.startswith("llmpipe token-store: error: ") and "read.json" in line and not manifest.exists()
+    (tmp_path / "read.json").rename(job / "read.json")
+    assert cli("token-store", "--shards", job, "--sources", s, "--out", manifest).returncode == 0
+    big = json.dumps({**json.loads(cfg), "train": {"seq_len": 1 << 20}})  # five short documents: not one row
+    line = last_line(cli("pack", "--config", big, "--store", manifest, "--out", tmp_path / "hf"))
+    assert line.startswith("llmpipe pack: error: train split has ") and "not one row of seq_len 1048576" in line
+    assert not (tmp_path / "hf").exists()

@@ -73,6 +73,7 @@ def splits(data_cfg: dict, sources: list[str], bad: dict) -> list[str]:
 
 def get_data(data_cfg: dict, out: str | Path, threads: int = 1) -> dict:
     """sources.json for data.sources; `threads`: processes counting a mixture's files at once."""
+    Path(out).unlink(missing_ok=True)  # a run that fails leaves no earlier sources.json looking current
     mix = None
     if mixture.is_mixture(data_cfg["sources"]):  # weighted sources: groups counted, sampling rates set
         sources, mix = mixture.plan(data_cfg, threads)
@@ -115,16 +116,23 @@ def get_data(data_cfg: dict, out: str | Path, threads: int = 1) -> dict:
             entry["group"] = mix["groups"][g]["name"]
     keyed = entries if mix is None else {"sources": entries, "mixture": mix}
     key = hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()
-    manifest = {"sources": entries, "key": key, **({"mixture": mix} if mix else {})}
+    # "spec": data.sources as configured (not in the key: the entries are what was found); tokenize checks it
+    manifest = {"sources": entries, "key": key, **({"mixture": mix} if mix else {}), "spec": data_cfg["sources"]}
     write_json(out, manifest)
     log.info("%d sources, %s bytes, key %s", len(entries), sum(e.get("size") or 0 for e in entries), key[:12])
     return manifest
 
 
-def read_sources(path: str | Path) -> tuple[list, dict]:
+def read_sources(path: str | Path, data_cfg: dict | None = None) -> tuple[list, dict]:
     """(the sources' names, as load_sources gives them; the whole sources.json): one parse for a job that
-    needs its key, mixture or entries too."""
+    needs its key, mixture or entries too. `data_cfg`: the job's data section, whose data.sources must be the
+    one get-data resolved (else ValueError: a sources.json of another config)."""
     manifest = json.loads(Path(path).read_text())
+    if data_cfg is not None and "spec" in manifest and manifest["spec"] != data_cfg["sources"]:
+        raise ValueError(
+            f"{path} was written by get-data for data.sources {json.dumps(manifest['spec'])[:300]}, not this config's "
+            f"{json.dumps(data_cfg['sources'])[:300]}: run get-data again with this config"
+        )
     names = [split_source(e["source"], e["ranges"], e["size"]) if "ranges" in e else e["source"] for e in manifest["sources"]]
     return names, manifest
 
@@ -142,5 +150,5 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     try:
         get_data(cfgmod.load(args.config)["data"], args.out, args.threads)
-    except (BadSource, ValueError) as exc:  # one line naming the file, no traceback
+    except (BadSource, ValueError, FileNotFoundError) as exc:  # one line naming the file (a glob matching nothing), no traceback
         raise SystemExit(f"llmpipe get-data: error: {exc}") from None

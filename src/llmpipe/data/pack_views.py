@@ -64,4 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tokenizer", help="tokenizer folder the store must have been made with")
     p.add_argument("--out", required=True, help="view folder to write")
     args = p.parse_args(argv)
-    build_view(args.store, args.format, args.out, cfgmod.load(args.config), args.tokenizer)
+    try:
+        build_view(args.store, args.format, args.out, cfgmod.load(args.config), args.tokenizer)
+    except ValueError as exc:  # a split without one row, another tokenizer: one line
+        raise SystemExit(f"llmpipe pack: error: {exc}") from None

@@ -10,6 +10,7 @@ deal, so the validation split never depends on them.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 from dataclasses import dataclass
@@ -76,17 +77,25 @@ def same_file(source: str) -> str:
 
 
 def refuse_repeats(sources: list[str]) -> None:
-    """A file listed twice (a glob and its own name, two spellings of one path) would be read twice: every
-    document trained on twice and, its copies split apart, in both train and val. Refused, naming both."""
-    seen: dict[str, int] = {}  # file -> position of its first spelling
+    """A file listed twice (a glob and its own name, two spellings of one path, two hard links to it) would be
+    read twice: every document trained on twice and, its copies split apart, in both train and val. Refused,
+    naming both."""
+    seen: dict[object, int] = {}  # file (real path; device and inode) -> position of its first spelling
     for i, s in enumerate(sources):
         path = same_file(s)
-        first = sources[seen.setdefault(path, i)]
-        if seen[path] != i:
-            raise ValueError(
-                f"data.sources names {path} twice ({first!r} and {s!r}): its documents would be read twice "
-                "and could land in both train and val; list each file once"
-            )
+        keys = [path]
+        if not (s.startswith(HF_PREFIX) or "://" in s and not s.startswith("file://")):  # local: its inode too (hard links)
+            with contextlib.suppress(OSError):
+                st = os.stat(path)
+                keys.append((st.st_dev, st.st_ino))
+        for key in keys:
+            first = sources[seen.setdefault(key, i)]
+            if seen[key] != i:
+                how = "" if key == path else f" (hard links to one file: {same_file(first)} and {path})"
+                raise ValueError(
+                    f"data.sources names {path} twice ({first!r} and {s!r}){how}: its documents would be read twice "
+                    "and could land in both train and val; list each file once"
+                )
 
 
 @dataclass(frozen=True)

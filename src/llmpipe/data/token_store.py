@@ -289,9 +289,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", required=True, help="manifest.json to write (beside the shards)")
     args = p.parse_args(argv)
     key = mix = reads = sums = None
-    if args.sources:
-        sources = json.loads(Path(args.sources).read_text())
-        jobs = job_reads([Path(p) for p in args.shards if Path(p).is_dir()])
-        reads, sums = source_reads(jobs, sources["sources"]), source_checksums(jobs, sources["sources"])
-        key, mix = sources["key"], sources.get("mixture")
-    build_manifest(shard_files(args.shards), args.out, key, mix, reads, sums)
+    try:
+        if args.sources:
+            sources = json.loads(Path(args.sources).read_text())
+            jobs = job_reads([Path(p) for p in args.shards if Path(p).is_dir()])
+            reads, sums = source_reads(jobs, sources["sources"]), source_checksums(jobs, sources["sources"])
+            key, mix = sources["key"], sources.get("mixture")
+        build_manifest(shard_files(args.shards), args.out, key, mix, reads, sums)
+    except ValueError as exc:  # a job folder without its read.json, a shard outside the store: one line
+        raise SystemExit(f"llmpipe token-store: error: {exc}") from None

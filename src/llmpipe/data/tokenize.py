@@ -139,9 +139,9 @@ def tokenize_job(
     start = time.time()
     SOURCE_BYTES.clear()
     SOURCE_HASHES.clear()
-    sources, manifest = read_sources(sources_json)
+    sources, manifest = read_sources(sources_json, d)
     write(cfg, sources, outs, tokenizer_dir, threads, manifest["key"], manifest.get("mixture"))
-    sums = source_checksums(d, sources, manifest["sources"], shards)
+    sums = checked_sources(d, sources, manifest["sources"], outs)
     with atomic_path(out_dir / READ_FILE) as tmp:
         tmp.write_text(json.dumps({"bytes_read": dict(SOURCE_BYTES), "sha256": sums}, indent=1))
     log.info(
@@ -151,6 +151,19 @@ def tokenize_job(
 
 
 READ_FILE = "read.json"  # a tokenize job's source bytes read and the sha256 of what it read
+
+
+def checked_sources(d: dict, sources: list[str], entries: list[dict], outs: dict[int, Path]) -> list[list]:
+    """source_checksums of the shards `outs` just written; a source whose size changed since get-data
+    (SourceSizeChanged) takes those shards away before the error goes on: none stays looking complete."""
+    from llmpipe.data.readers.opener import SourceSizeChanged
+
+    try:
+        return source_checksums(d, sources, entries, outs)
+    except SourceSizeChanged:
+        for path in outs.values():
+            path.unlink(missing_ok=True)
+        raise
 
 
 def source_checksums(d: dict, sources: list[str], entries: list[dict], shards) -> list[list]:
@@ -199,15 +212,19 @@ def main(argv: list[str] | None = None) -> None:
             tokenize_job(cfg, args.sources, args.job, args.tokenizer, args.out, args.threads, args.shards_per_job)
         else:
             from llmpipe.data.get_data import read_sources
+            from llmpipe.data.readers import SOURCE_HASHES
 
-            sources, manifest = read_sources(args.sources)
+            SOURCE_HASHES.clear()
+            sources, manifest = read_sources(args.sources, cfg["data"])
             tokenize_shard(
                 cfg, sources, args.shard, args.tokenizer, args.out, args.threads, manifest["key"], manifest.get("mixture")
             )
+            checked_sources(cfg["data"], sources, manifest["sources"], {args.shard: Path(args.out)})
     except (
         BadRecord,
         EncodeError,
         SourceChanged,
         SourceSizeChanged,
-    ) as exc:  # a bad record or source, a tokenizer failure: one line
+        ValueError,
+    ) as exc:  # a bad record or source, a tokenizer failure, another config's sources.json: one line
         raise SystemExit(f"llmpipe tokenize: error: {exc}") from None

@@ -213,10 +213,14 @@ def main(argv: list[str] | None = None) -> None:
         if not args.sources:
             p.error("tokenizer.source is 'train': pass --sources")
         from llmpipe.data.get_data import load_sources
+        from llmpipe.data.readers import BadRecord, BadSource
 
-        train_tokenizer(
-            cfg["data"], load_sources(args.sources), args.out, t["vocab_size"], t["min_frequency"], t["max_train_documents"]
-        )
+        try:
+            train_tokenizer(
+                cfg["data"], load_sources(args.sources), args.out, t["vocab_size"], t["min_frequency"], t["max_train_documents"]
+            )
+        except (BadRecord, BadSource) as exc:  # one line naming the file and line, as tokenize gives it
+            raise SystemExit(f"llmpipe tokenizer: error: {exc}") from None
     elif is_hub_ref(t["source"]):
         from llmpipe.hub import HubError
 

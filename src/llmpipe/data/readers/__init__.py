@@ -7,6 +7,7 @@ huge, what reading found in stats, sizes in limits; records() picks the kind, do
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator
 
 from llmpipe.data.readers.hf import _hf
@@ -39,6 +40,8 @@ def records(source: str, cfg: dict, keep=None, stride=None, part=None, tally=Non
         return _parquet(source, cfg["text_field"])
     if kind == "text":
         return _text(source, cfg["text_mode"])
+    if "://" not in source.removeprefix("file://") and os.path.isdir(source.removeprefix("file://")):  # get-data kept it (skip)
+        raise BadSource("unreadable_source", source, "is a directory, not a file")
     raise ValueError(unsupported(source))
 
 
@@ -149,7 +152,7 @@ def documents(
         if not (index if part is None else part.records):  # a range may hold no record; the file must
             raise BadSource("empty_source", source, "holds no records (a 0-byte or blank file?)")
     except BadSource as err:
-        if cfg["on_bad_record"] == "fail":
+        if cfg["on_bad_record"] == "fail" or err.reason == "corrupt_source":
             raise
         stats.skip(err)
 

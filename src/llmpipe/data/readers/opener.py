@@ -171,19 +171,15 @@ class _Counted:
 
 
 @contextlib.contextmanager
-def _open_raw(url: str, compression: str | None = None):
-    """A local path by the builtin open (fsspec's import costs every job ~0.08 s), anything else by fsspec.
-    Without `compression` the bytes read are counted in SOURCE_BYTES."""
-    if "://" not in url and compression is None:
+def _open_raw(url: str):
+    """A local path by the builtin open (fsspec's import costs every job ~0.08 s), anything else by fsspec;
+    the bytes read are counted in SOURCE_BYTES (compressed bytes for a compressed source)."""
+    if "://" not in url:
         with open(url, "rb") as fh:
             yield _Counted(fh, url)
         return
     import fsspec
 
-    if compression is not None:  # bz2 / xz: fsspec decompresses; count the compressed file's bytes under it
-        with fsspec.open(url, "rb") as raw, fsspec.compression.compr[compression](_Counted(raw, url), mode="rb") as fh:
-            yield _Piecewise(fh)
-        return
     with fsspec.open(url, "rb") as fh:
         yield _Counted(fh, url)
 
@@ -192,47 +188,22 @@ def _open_raw(url: str, compression: str | None = None):
 def _open_binary(url: str) -> Iterator:
     """A line-iterable binary stream of `url`, decompressed by its suffix."""
     comp = _compression(url)
-    if comp not in ("zstd", "gzip"):
-        with _open_raw(url, comp) as fh:
-            yield fh
-        return
     with _open_raw(url) as raw:
-        if comp == "gzip":  # ISA-L's gzip reader: same bytes as the gzip module, ~2.5x faster
+        if comp is None:
+            yield raw
+        elif comp == "gzip":  # ISA-L's gzip reader: same bytes as the gzip module, ~2.5x faster
             from isal import igzip
 
             with igzip.IGzipFile(fileobj=raw, mode="rb") as fh:
                 yield _Salvaged(fh, url)
         else:
-            yield _ZstdStream(raw)
+            yield _Streams(raw, comp)
 
 
-class _Piecewise:
-    """A bz2 / xz reader whose read that fails part way (a truncated or damaged file) first hands out what it
-    decompressed before the break, then raises: BZ2File / LZMAFile give nothing back from a read(n) that
-    fails, which lost up to a read (1 MiB) of complete records. A read is made of read1 calls."""
-
-    def __init__(self, fh):
-        self._fh, self._error = fh, None
-
-    def read(self, size: int = -1) -> bytes:
-        if self._error is not None:
-            raise self._error
-        out, n = [], 0
-        try:
-            while size < 0 or n < size:
-                piece = self._fh.read1(size - n if size >= 0 else -1)
-                if not piece:
-                    break
-                out.append(piece)
-                n += len(piece)
-        except Exception as exc:
-            if not out:
-                raise
-            self._error = exc
-        return b"".join(out)
-
-    def __getattr__(self, name: str):
-        return getattr(self._fh, name)
+class CorruptData(OSError):
+    """Compressed data that fails to decode, or its checksum, after part of its stream was handed out: what
+    came before in that stream may be damaged too, so its records cannot be kept (a truncated file is an
+    EOFError instead: what came before is whole)."""
 
 
 class _Salvaged:
@@ -277,11 +248,12 @@ def _salvage(url: str, skip: int) -> tuple[bytes, Exception | None]:
     from isal import isal_zlib
 
     out, seen, done, d = [], 0, 0, isal_zlib.decompressobj(wbits=31)
+    member = 0  # where the member being read starts in the decompressed bytes
     with _open_raw(url) as raw:
         data = b""
         while True:
             if d.eof:  # a member ended: what follows must be another member
-                data, d = d.unused_data + data, isal_zlib.decompressobj(wbits=31)
+                data, d, member = d.unused_data + data, isal_zlib.decompressobj(wbits=31), seen
                 data += raw.read(2 - len(data)) if len(data) < 2 else b""
                 if not data:
                     return b"".join(out), None
@@ -292,8 +264,10 @@ def _salvage(url: str, skip: int) -> tuple[bytes, Exception | None]:
                 return b"".join(out), EOFError(f"the file ends inside a gzip member, at byte {done} (truncated?)")
             try:
                 piece = d.decompress(data)
-            except isal_zlib.error as exc:
-                return b"".join(out), exc
+            except isal_zlib.error as exc:  # damaged data or checksum inside the member begun at `member`
+                if member < skip:
+                    return b"", CorruptData(f"the gzip member from byte {done} on is damaged ({exc}): {_SUSPECT}")
+                return b"".join(out)[: member - skip], exc  # the whole members before it only
             done += len(data) - len(d.unused_data)
             data = b""
             if seen + len(piece) > skip:
@@ -301,37 +275,103 @@ def _salvage(url: str, skip: int) -> tuple[bytes, Exception | None]:
             seen += len(piece)
 
 
-class _ZstdStream:
-    """Decompressed bytes of a zstd stream of one or more frames; a stream cut inside a frame raises
-    EOFError (zstandard's stream_reader would end there without a word)."""
+_SUSPECT = "the records read from it before may be damaged too, so it cannot be skipped; fetch the file again"
 
-    def __init__(self, raw, size: int = 1 << 20):
+
+def _decompressor(kind: str):
+    """A new one-stream decompressor of `kind` (zstd: one frame) and the errors it raises on bad data."""
+    if kind == "zstd":
         import zstandard
 
-        self.raw, self.size, self.new = raw, size, zstandard.ZstdDecompressor().decompressobj
-        self.dobj, self.fed = self.new(), False
+        return zstandard.ZstdDecompressor().decompressobj(), zstandard.ZstdError
+    if kind == "bz2":
+        import bz2
+
+        return bz2.BZ2Decompressor(), OSError
+    import lzma
+
+    return lzma.LZMADecompressor(lzma.FORMAT_XZ), lzma.LZMAError
+
+
+class _Streams:
+    """Decompressed bytes of a zstd / bz2 / xz file of one or more streams (zstd: frames), each a new
+    decompressor. Unlike zstandard's stream_reader (which ends without a word inside a cut frame) and
+    BZ2File / LZMAFile (which end without a word at bytes after a stream that are not another one, and lose a
+    whole read's bytes when part of it fails): a file cut inside a stream raises EOFError; bytes after a
+    stream that do not start another one (all zeros aside: xz's stream padding) raise that after the bytes
+    before are handed out; a stream damaged after some of its bytes were handed out raises CorruptData.
+    Input goes in FEED bytes at a time, so a damaged stream hands out what came before the damage."""
+
+    FEED = 64 << 10
+
+    def __init__(self, raw, kind: str, size: int = 1 << 20):
+        self.raw, self.kind, self.size = raw, kind, size
+        self.dobj, self.bad = _decompressor(kind)
+        self.error, self.streams, self.taken = None, 1, 0  # taken: input the current stream accepted
+        self.made = self.stream = self.handed = self.done = 0  # bytes made; where this stream's began; handed out; input used
+
+    def _next_stream(self) -> None:
+        self.dobj, self.stream, self.streams, self.taken = _decompressor(self.kind)[0], self.made, self.streams + 1, 0
+
+    def _not_a_stream(self, why) -> OSError:
+        return OSError(f"bytes after the {self.kind} stream ending at byte {self.done} are not {self.kind} data ({why})")
+
+    def _feed(self, data: bytes, out: list) -> None:
+        while data:
+            if self.dobj.eof:
+                if not data.strip(b"\0"):  # padding after the last stream
+                    self.done += len(data)
+                    return
+                self._next_stream()
+            piece = self.dobj.decompress(data)
+            out.append(piece)
+            self.made += len(piece)
+            rest = self.dobj.unused_data if self.dobj.eof else b""
+            self.taken += len(data) - len(rest)
+            self.done += len(data) - len(rest)
+            data = rest
 
     def _more(self) -> bytes | None:
         """The next decompressed piece (maybe empty); None at the end of the input."""
+        if self.error is not None:
+            raise self.error
         data = self.raw.read(self.size)
-        if not data:
-            if self.fed and not self.dobj.eof:
-                raise EOFError("zstd stream ended inside a frame (truncated file?)")
-            return None
         out = []
-        while data:
-            if self.dobj.eof:
-                self.dobj = self.new()
-            self.fed = True
-            out.append(self.dobj.decompress(data))
-            data = self.dobj.unused_data if self.dobj.eof else b""
-        return b"".join(out)
+        try:
+            if not data:
+                if self.taken and not self.dobj.eof:
+                    if self.streams > 1 and self.made == self.stream:  # a few bytes after a stream, nothing made
+                        raise self._not_a_stream("too short")
+                    raise EOFError(f"{self.kind} stream ended inside a stream (truncated file?)")
+                return None
+            for at in range(0, len(data), self.FEED):
+                self._feed(data[at : at + self.FEED], out)
+        except (self.bad, EOFError, OSError) as exc:
+            pending = b"".join(out)
+            if self.stream < self.made:  # this stream made bytes: handed out, or about to be
+                error = CorruptData(f"the {self.kind} stream from byte {self.done} on is damaged ({exc}): {_SUSPECT}")
+                if isinstance(exc, EOFError):
+                    error = exc  # cut, not damaged: what came before is whole
+                if self.stream < self.handed and not isinstance(exc, EOFError):
+                    raise error from exc
+                keep = len(pending) if isinstance(exc, EOFError) else len(pending) - (self.made - self.stream)
+                pending, self.error = pending[:keep], error
+            elif self.streams > 1 and self.taken == 0:  # bytes after a whole stream that are not another one
+                self.error = exc if "are not" in str(exc) else self._not_a_stream(exc)
+            else:
+                self.error = exc
+            if not pending:
+                raise self.error from exc
+            out = [pending]
+        piece = b"".join(out)
+        self.handed += len(piece)
+        return piece
 
     def read(self, size: int = -1) -> bytes:
         out = []
         while (piece := self._more()) is not None:
             out.append(piece)
-            if size >= 0 and piece:
+            if (size >= 0 and piece) or self.error is not None:
                 break
         return b"".join(out)
 

@@ -27,9 +27,11 @@ class BadSource(BadRecord):
     """A source that cannot be read, whole or from some point on; `where` is the source itself.
 
     reason: unreadable_source (nothing could be read: a directory, no permission, not gzip/zstd data),
-    damaged_source (reading broke after some records: a truncated or corrupt compressed stream; under
-    on_bad_record: skip the complete records read before the break are kept), empty_source (no records
-    at all: a 0-byte or blank file)."""
+    damaged_source (reading broke after some records: a truncated compressed stream, or bytes after its
+    last whole stream that are not another; under on_bad_record: skip the complete records read before the
+    break are kept), empty_source (no records at all: a 0-byte or blank file), corrupt_source (a compressed
+    stream damaged after some of its records were read: those may be damaged too; stops the run whatever
+    on_bad_record says)."""
 
 
 @dataclass
@@ -113,6 +115,10 @@ def is_read_error(exc: BaseException) -> bool:
 def broken(source: str, exc: BaseException, reached: str | None) -> BadSource:
     """The BadSource for a read that failed with `exc` after `reached` ("line 12, 11 records"; None: nothing)."""
     what = f"{type(exc).__name__}: {exc}"
+    from llmpipe.data.readers.opener import CorruptData
+
+    if isinstance(exc, CorruptData):  # never skipped: records already read may be damaged
+        return BadSource("corrupt_source", source, f"corrupt after {reached or 'the start'}: {exc}")
     if reached is None or reached.endswith(", 0 records"):
         reason = "damaged_source" if isinstance(exc, EOFError) else "unreadable_source"
         return BadSource(reason, source, f"cannot be read ({what})")

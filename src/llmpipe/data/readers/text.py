@@ -132,11 +132,11 @@ def _pieces_of(data: bytes) -> Iterator[bytes]:
 
 def _text(url: str, mode: str) -> Iterator[tuple[str, object]]:
     with opener._open_binary(url) as fh:
-        raw = _read_at_least(fh, limits.HUGE_RECORD_BYTES + 1)
-        if mode == "paragraph":  # one pass over the file's bytes, whatever its size
-            head, raw = _pieces_of(raw), None  # the first bytes held only until they are split
-            yield from _paragraphs(url, itertools.chain(head, iter(lambda: fh.read(limits.HUGE_CHUNK), b"")))
+        if mode == "paragraph":  # one pass over the file's bytes, whatever its size; a read that breaks (a
+            # truncated file) stops it after the paragraphs before the break
+            yield from _paragraphs(url, iter(lambda: fh.read(limits.HUGE_CHUNK), b""))
             return
+        raw = _read_at_least(fh, limits.HUGE_RECORD_BYTES + 1)
         skip = len(BOM) if raw.startswith(BOM) else 0  # offsets in messages are the file's, as in paragraph mode
         if len(raw) > limits.HUGE_RECORD_BYTES:  # the document streamed, from the bytes read so far on
             head, raw = _pieces_of(raw[skip:]), None
