@@ -28,6 +28,7 @@ check_profile_resources()
 apply_config_resources()
 check_slurm_extra()
 check_train_gpus()
+check_local_sources()
 write_dag_info()  # only for `llmpipe dag` (LLMPIPE_DAG_INFO)
 
 

@@ -93,6 +93,15 @@ def local_corpus():
     return made, expand_sources([s for s in local if s not in made])
 
 
+def check_local_sources():
+    """A local data.sources path or glob that matches no file: one line at planning, not a traceback from the
+    input functions that expand it (get_data's, tokenize's)."""
+    try:
+        local_corpus()
+    except FileNotFoundError as exc:
+        raise WorkflowError(f"{exc} (fix: data.sources; `llmpipe doctor` checks the sources)") from None
+
+
 def local_hf_files():
     """Every file of an hf: source that is a local dataset folder (or file): edits there rerun get_data."""
     found = [s[len(HF_PREFIX) :] for s in source_paths(config["data"]["sources"]) if s.startswith(HF_PREFIX)]
@@ -295,6 +304,25 @@ def check_train_gpus():
     problem = profiles.gpu_problem(BACKEND, config["parallel"]["nproc_per_node"], gres)
     if problem:
         raise WorkflowError(problem)
+
+
+def executor_name() -> str | None:
+    """The executor jobs run under (slurm inside a Slurm job too); on a dry run, the one the command line or
+    the last profile names."""
+    name = getattr(workflow.executor_plugin, "name", None)
+    if name != "dryrun":
+        return "slurm" if name == "slurm-jobstep" else name  # a Slurm job's own snakemake
+    return profiles.named_executor(profiles.snakemake_argv() or [])
+
+
+def train_time_limit(wildcards=None) -> str:
+    """plan's --time-limit: the training rule's runtime (minutes) and attempts (retries + 1), where the
+    executor ends a job at its runtime (Slurm); empty elsewhere or without a runtime."""
+    train = next((r for r in workflow.rules if r.name == f"train_{BACKEND}"), None)
+    minutes = profiles.runtime_minutes(train.resources.get("runtime")) if train else None
+    if minutes is None or executor_name() != "slurm":
+        return ""
+    return f"--time-limit {minutes:g} --attempts {train.restart_times + 1} --train-rule {train.name}"
 
 
 def write_dag_info():

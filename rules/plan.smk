@@ -14,6 +14,9 @@ rule plan:
     log:
         f"{RUN}/logs/plan.log",
     priority: 10
+    # here, on the submitting host: the run's executor, the training rule's runtime and retries are this
+    # process's settings (a Slurm job's snakemake has neither); the plan only reads view.json and headers
+    localrule: True
     conda:
         "../envs/torch.yaml"
     params:
@@ -29,6 +32,7 @@ rule plan:
             *[BACKEND] if BACKEND in config else [],
             drop=("data.verify_sample", *UNBUILT),
         ),
+        time_limit=train_time_limit,
     shell:
         "python -m llmpipe plan --config {params.cfg:q} --view {input.view:q} --model {input.init:q}"
-        " --out {output.json:q} --markdown {output.md:q} > {log:q} 2>&1"
+        " --out {output.json:q} --markdown {output.md:q} {params.time_limit} > {log:q} 2>&1"

@@ -80,6 +80,39 @@ def test_snakemake_refuses_bad_config_before_any_job(tmp_path):
     assert "train.max_step" in proc.stdout + proc.stderr
 
 
+@pytest.mark.parametrize(
+    "over, line",
+    [
+        (
+            "data={sources: [data/gutenberg-sample-2mb.jsonl]}",  # the .gz left out
+            "data source not found: data/gutenberg-sample-2mb.jsonl (fix: data.sources; `llmpipe doctor` checks the sources)",
+        ),
+        (
+            "tokenizer={source: data/tokenizers/gpt3}",
+            "  - 'tokenizer.source' 'data/tokenizers/gpt3': no such local folder, and not a Hub id (org/name[@revision])",
+        ),
+        (
+            "model={init_from: /nonexistent/model/folder}",
+            "  - 'model.init_from' '/nonexistent/model/folder': no such local folder, and not a Hub id (org/name[@revision])",
+        ),
+    ],
+    ids=["source", "tokenizer", "init_from"],
+)
+def test_a_path_that_is_not_there_is_one_line_when_planning(over, line):
+    """Not an InputFunctionException's traceback (a source) or a missing derived file (tokenizer.json,
+    config.json) that names no setting."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-n", "--profile", "local", "--config", "run=missing", over],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and line in out.splitlines(), out[-3000:]
+    assert "InputFunctionException" not in out and "MissingInputException" not in out
+
+
 def test_snakemake_refuses_unknown_backend(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({"train": {"backend": "tpu-magic"}}))

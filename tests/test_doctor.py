@@ -101,6 +101,7 @@ def test_tpu_names_the_missing_tpu(tmp_path):
     assert "accelerator: levanter.jax_platforms is tpu but JAX finds no TPU here (run on the TPU VM)" in lines
     venv = REPO / ".venvs/levanter/bin/python"
     assert any(ln.startswith("levanter environment") for ln in lines) != venv.exists()
+    assert all("fix: scripts/setup-env-levanter.sh --tpu or" in ln for ln in lines if ln.startswith("levanter environment"))
 
 
 def test_credentials_are_checked_never_printed(tmp_path):
@@ -128,6 +129,16 @@ def test_missing_source_and_full_disk_are_named(tmp_path, monkeypatch):
     proc = run_doctor("--profile", "local", "--config", f"results_dir={tmp_path}", "data={sources: [nowhere/*.jsonl]}")
     assert proc.returncode == 1
     assert problem_lines(proc) == ["data: source 'nowhere/*.jsonl' matches no file here (fix: data.sources)"]
+    # a folder or a 0-byte file, which get-data stops on (on_bad_record: fail), was "ready"
+    given = tmp_path / "given"  # outside results_dir (files there are the run's own)
+    (given / "folder").mkdir(parents=True)
+    (given / "empty.jsonl").write_bytes(b"")
+    for bad, why in ((given / "folder", "is a directory, not a file"), (given / "empty.jsonl", "is empty (0 bytes)")):
+        proc = run_doctor("--profile", "local", "--config", f"results_dir={tmp_path}/results", f"data={{sources: [{bad}]}}")
+        assert proc.returncode == 1
+        assert problem_lines(proc) == [
+            f"data: {bad}: data source {why} (on_bad_record: skip would count and skip it) (fix: data.sources)"
+        ]
     # disk: the quick bound against a disk with less free space than the run needs
     from llmpipe import config
 

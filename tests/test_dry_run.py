@@ -116,3 +116,50 @@ def test_dag_script_writes_mermaid_and_svg(checkout, tmp_path):
         pytest.skip("Graphviz's dot is not installed: mermaid only (apt-get install graphviz for SVG)")
     svg = (tmp_path / "dag.svg").read_text()
     assert "<svg" in svg and "plan" in svg and "train_torch" in svg
+
+
+def plan_time_limit(out: str) -> dict | None:
+    """The --time-limit / --attempts / --train-rule the plan job's command carries, None without them."""
+    (line,) = [line for line in out.splitlines() if line.startswith("Shell command:") and " llmpipe plan " in line]
+    argv = shlex.split(line.removeprefix("Shell command:"))
+    if "--time-limit" not in argv:
+        return None
+    return {k: argv[argv.index(f"--{k}") + 1] for k in ("time-limit", "attempts", "train-rule")}
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_plan_gets_the_training_rules_slurm_runtime_and_attempts(dry_runs, profile):
+    """Under Slurm (which ends a job at its runtime) the plan job is given the training rule's runtime and
+    attempts as the profile sets them (set-resources, else default-resources; retries + 1), to warn of a
+    run longer than that; under other executors, nothing."""
+    import yaml
+
+    from llmpipe.profiles import runtime_minutes
+
+    proc, out, err = dry_runs[profile]
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    spec = yaml.safe_load((REPO / "profiles" / profile / "config.v8+.yaml").read_text())
+    got = plan_time_limit(out)
+    if spec.get("executor") != "slurm":
+        assert got is None, got
+        return
+    rule = got["train-rule"]
+    assert rule.startswith("train_") and f"rule {rule}:" in out
+    runtime = (spec.get("set-resources", {}).get(rule) or {}).get("runtime", spec.get("default-resources", {}).get("runtime"))
+    assert float(got["time-limit"]) == runtime_minutes(runtime)
+    assert int(got["attempts"]) == spec.get("retries", 0) + 1
+
+
+def test_config_runtime_and_command_line_retries_reach_the_plan(checkout):
+    """The config's resources (train) and --retries on the command line win over the profile's."""
+    proc = subprocess.run(
+        [*NO_NETWORK, sys.executable, "-m", "snakemake", "-n", "-p", "--profile", "profiles/slurm-local", "--retries", "5"]
+        + ["--config", "resources={train: {runtime: 1500}}"],
+        cwd=checkout,
+        capture_output=True,
+        text=True,
+        env=OFFLINE_ENV,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert plan_time_limit(proc.stdout) == {"time-limit": "1500", "attempts": "6", "train-rule": "train_torch"}

@@ -258,3 +258,40 @@ def test_store_counts_rows_from_the_manifest_or_its_folder(prepared):
     for given in (manifest, manifest.parent):
         data = data_from_store(given, cfg)
         assert data["train_rows"] == P.rows_for(train, seq, cfg["data"]["remainder"]) == view
+
+
+def test_training_longer_than_the_slurm_runtime_is_warned_with_the_attempts_it_needs(tmp_path):
+    """--time-limit (the training rule's runtime; the workflow passes it under Slurm): a plan over it names
+    the attempts needed, a run past its retries, and a save interval no attempt reaches (every retry would
+    start over). Limits are set from the plan's own estimate."""
+    base = {"results_dir": str(tmp_path / "results"), "data": {"sources": [str(CORPUS)]}}
+
+    def plan(limit=None, attempts=1, table=False, **over):
+        out = tmp_path / "plan.json"
+        named = {} if table else {"plan": {"hardware": ["p5.48xlarge"]}}
+        args = ["--config", CONFIG, "--config", json.dumps({**base, **named, **over}), "--out", str(out)]
+        if limit is not None:
+            args += ["--time-limit", str(limit), "--attempts", str(attempts), "--train-rule", "train_torch"]
+        P.main(args)
+        return json.loads(out.read_text())
+
+    free = plan()
+    hours, steps = free["hardware"][0]["hours"], free["schedule"]["steps"]
+    assert free["time_limit"] is None and not [w for w in free["warnings"] if "runtime" in w]
+    minutes = hours * 60 / 2.5  # the run takes 2.5 runtimes: 3 attempts
+    save = max(1, steps // 10)  # a checkpoint every tenth of the run: well inside one attempt
+    fits = plan(minutes, 3, train={"save_interval": save})
+    (w,) = [w for w in fits["warnings"] if "runtime" in w]
+    assert fits["hardware"][0]["attempts_needed"] == 3 and "at least 3 of 3 attempts" in w and "train_torch" in w
+    assert f"train.save_interval {save} steps" in w
+    assert fits["time_limit"] == {"rule": "train_torch", "minutes": minutes, "attempts": 3}
+    short = plan(minutes, 2, train={"save_interval": save})
+    (w,) = [w for w in short["warnings"] if "runtime" in w]
+    assert "would stop unfinished" in w and "retries 1" in w and "at least 2)" in w
+    never = plan(minutes, 5, train={"save_interval": steps})  # one checkpoint, at the end: no attempt reaches it
+    (w,) = [w for w in never["warnings"] if "runtime" in w]
+    assert "every retry starts over" in w and f"below {int(steps * minutes / (hours * 60))}" in w
+    roomy = plan(hours * 60 * 1.5, 1)
+    assert roomy["hardware"][0]["attempts_needed"] == 1 and not [w for w in roomy["warnings"] if "runtime" in w]
+    table = plan(minutes, 1, table=True)  # the whole table is not where this run trains
+    assert not [w for w in table["warnings"] if "runtime" in w]

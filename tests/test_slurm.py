@@ -124,8 +124,8 @@ def test_pipeline_runs_one_slurm_job_per_rule_instance(pipeline):
     assert all(j["JobId"] in all_logs for j in jobs), (jobs, all_logs)
     logs = {j["JobId"]: all_logs[j["JobId"]] for j in jobs}
     assert all(j["JobState"] == "COMPLETED" and j["NodeList"] == "localhost" and j["WorkDir"] == str(work) for j in jobs), jobs
-    # exactly the jobs the dry run planned (all of them remote: no local rule but `all`)
-    expected = collections.Counter(rule for rule, _, _ in pipeline["plan"] if rule != "all")
+    # exactly the jobs the dry run planned (all of them remote but the local rules `all` and `plan`)
+    expected = collections.Counter(rule for rule, _, _ in pipeline["plan"] if rule not in ("all", "plan"))
     assert collections.Counter(rule for rule, _ in logs.values()) == expected
     shards = sorted(wc for rule, wc in logs.values() if rule == "tokenize")
     # one source, 2 shards: one tokenize job reads it once and writes both (data.shards_per_job auto)
@@ -136,6 +136,10 @@ def test_pipeline_runs_one_slurm_job_per_rule_instance(pipeline):
     train = [j for j in jobs if logs[j["JobId"]][0] == "train_torch"]
     assert len(train) == 1 and train[0]["TimeLimit"] == "60", train
     assert train[0]["Tres"].startswith("cpu=2,mem=4000M,node=1"), train
+    # the plan (a local rule, on this host) was given that runtime and the profile's attempts (retries + 1)
+    retries = yaml.safe_load((work / "profiles" / "slurm-local" / "config.v8+.yaml").read_text())["retries"]
+    limit = json.loads((run / "plan.json").read_text())["time_limit"]
+    assert limit == {"rule": "train_torch", "minutes": float(train[0]["TimeLimit"]), "attempts": retries + 1}, limit
 
 
 def test_failing_job_is_retried(slurm, pipeline, tmp_path):

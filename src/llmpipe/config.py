@@ -253,7 +253,10 @@ def validate(config: dict | None, whole: bool = True) -> dict:
         _remember(cache, config)
     parallelism.resolve(config)
     problems = (
-        _credential_checks(config) + _cross_checks(config) + _hub_checks(config) + (_resource_checks(config) if whole else [])
+        _credential_checks(config)
+        + _cross_checks(config)
+        + _hub_checks(config, whole)
+        + (_resource_checks(config) if whole else [])
     )
     if whole and not problems:  # a backend's checks may assume the shared keys are consistent
         problems = backend_checks(config)
@@ -365,7 +368,9 @@ def _resource_checks(config: dict) -> list[str]:
     return []
 
 
-def _hub_checks(config: dict) -> list[str]:
+def _hub_checks(config: dict, whole: bool = True) -> list[str]:
+    """`whole` (the workflow, check-config; not a job, which may run where the user's folders are not): a
+    local folder named that does not exist."""
     from llmpipe.hub import HUB_PREFIX, is_hub_ref
 
     out = []
@@ -379,7 +384,15 @@ def _hub_checks(config: dict) -> list[str]:
                 f"'{key}' {ref!r}: no such local path, though {ref.split('/', 1)[0]}/ exists here; "
                 f"for the Hub repo of that name write '{HUB_PREFIX}{ref}'"
             )
+        elif whole and ref and ref not in ("train", "base") and not is_hub_ref(ref) and not _made_or_here(ref, config):
+            out.append(f"'{key}' {ref!r}: no such local folder, and not a Hub id (org/name[@revision])")
     return out
+
+
+def _made_or_here(path: str, config: dict) -> bool:
+    """A local path that exists, or one under results_dir (this run's own outputs: a downloaded base)."""
+    made = Path(config["results_dir"]).resolve()
+    return Path(path).exists() or Path(path).resolve().is_relative_to(made)
 
 
 def backend_checks(config: dict) -> list[str]:

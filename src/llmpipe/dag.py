@@ -6,7 +6,7 @@ One box per rule (the rule graph), each with what its jobs ask the cluster for (
 NeuronCores / TPU or SageMaker instances, CPUs, memory, time limit; "submit host" for local rules); the
 training rule also shows the plan's estimated wall time and cost on the planned hardware. Written as
 planning-dag.svg and .png (Graphviz's dot when installed, else drawn with matplotlib), planning-dag.dot
-and planning-dag.md (a mermaid graph and a table). Snakemake itself is asked (`--rulegraph`, `-n -F`),
+and planning-dag.md (a mermaid graph, each box labelled as above). Snakemake itself is asked (`--rulegraph`, `-n -F`),
 so the picture is what that profile would submit.
 """
 
@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     split = argv.index("--") if "--" in argv else len(argv)
     p = argparse.ArgumentParser(prog="llmpipe dag", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--profile", help="Snakemake profile (local, slurm-trn1, gpu-colossal, tpu, sagemaker, or a path)")
+    p.add_argument("--profile", help="Snakemake profile: the name of a folder in profiles/, or a folder")
     p.add_argument("--out", default="dag", help="folder for planning-dag.{svg,png,dot,md} (default: dag)")
     p.add_argument("--no-graphviz", action="store_true", help="draw with matplotlib even where dot is installed")
     args = p.parse_args(argv[:split])

@@ -27,7 +27,6 @@ import sys
 import tomllib
 from pathlib import Path
 
-import yaml
 from packaging.requirements import Requirement
 
 from llmpipe import backends, overrides, profiles
@@ -87,7 +86,10 @@ def backend_env(cfg: dict) -> list[str]:
         return []
     key = f"{b.name}.python"
     python = cfg[b.name]["python"]
-    fix = f"fix: {b.setup} or set {key}" if b.setup else f"fix: set {key}"
+    setup = b.setup
+    if setup and b.name == "levanter" and cfg["levanter"].get("jax_platforms") == "tpu":
+        setup += " --tpu"  # JAX for TPUs (without it: CPU JAX)
+    fix = f"fix: {setup} or set {key}" if setup else f"fix: set {key}"
     exe = _interpreter(python)
     if exe is None:
         return [f"{b.name} environment: {key} {python!r} not found ({fix})"]
@@ -109,12 +111,7 @@ def backend_env(cfg: dict) -> list[str]:
     return out
 
 
-def profile_spec(profile: Path | None) -> dict:
-    """Snakemake's settings of the profile (executor, resources), {} without one."""
-    if profile is None:
-        return {}
-    spec = profile / "config.v8+.yaml"
-    return yaml.safe_load(spec.read_text()) or {} if spec.is_file() else {}
+profile_spec = profiles.profile_settings  # Snakemake's settings of the profile (executor, resources)
 
 
 def _named_resources(spec: dict, cfg: dict) -> list[tuple[str, dict]]:
@@ -278,9 +275,19 @@ def _expand(pattern: str) -> list[str]:
 
 
 def sources(cfg: dict) -> list[str]:
-    """Local data.sources that match no file (rule get_data would stop on them)."""
-    missing = [s for s in _patterns(cfg) if not _expand(s)]
-    return [f"data: source {s!r} matches no file here (fix: data.sources)" for s in missing]
+    """Local data.sources that match no file, or files get-data would stop on (a folder, unreadable, 0 bytes:
+    under on_bad_record fail, or when no source is usable; get_data.check_sources)."""
+    from llmpipe.data.get_data import check_sources
+    from llmpipe.data.readers import BadSource
+
+    patterns = _patterns(cfg)
+    missing = [s for s in patterns if not _expand(s)]
+    out = [f"data: source {s!r} matches no file here (fix: data.sources)" for s in missing]
+    try:
+        check_sources([f for s in patterns for f in _expand(s)], cfg["data"]["on_bad_record"])
+    except BadSource as exc:
+        out.append(f"data: {exc} (fix: data.sources)")
+    return out
 
 
 def _text_bytes(cfg: dict) -> int:

@@ -108,6 +108,21 @@ def active_profile(argv: list[str] | None = None, environ: dict | None = None) -
     return None
 
 
+def profile_settings(profile: Path | None) -> dict:
+    """Snakemake's settings of a profile folder (executor, resources: its config.v8+.yaml), {} without one."""
+    spec = profile / "config.v8+.yaml" if profile is not None else None
+    return yaml.safe_load(spec.read_text()) or {} if spec is not None and spec.is_file() else {}
+
+
+def named_executor(argv: list[str]) -> str | None:
+    """The executor a `snakemake` command line names: --executor / -e, else its last profile's `executor`."""
+    from snakemake.cli import get_argument_parser
+
+    named = get_argument_parser().parse_known_args(argv)[0].executor
+    given = snakemake_profiles(argv)
+    return named or (profile_settings(given[-1]).get("executor") if given else None)
+
+
 def snakemake_argv() -> list[str] | None:
     """sys.argv when this process is the snakemake command ([] for a bare `snakemake`); None for a Python
     API caller."""
@@ -280,3 +295,25 @@ def gpu_problem(backend: str, nproc: int, gres: str | None) -> str | None:
         f"parallel.nproc_per_node {nproc} is more processes than train_{backend} asks GPUs for a node "
         f"(gres {gres!r}): one process a GPU; set parallel.nproc_per_node {gpus}, or resources: train: gres gpu:{nproc}"
     )
+
+
+def runtime_minutes(resource) -> float | None:
+    """A rule's `runtime` resource in minutes, as Snakemake reads it (a number: minutes; a string: a
+    timespan such as 72h or 3d, plain digits being minutes); None when unset or an expression of the job."""
+    raw = getattr(resource, "raw", resource)
+    if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+        return float(raw)
+    text = resource_text(resource) if hasattr(resource, "raw") else raw if isinstance(raw, str) else None
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        return float(text)
+    if not isinstance(text, str):
+        return None
+    from snakemake.resources import InvalidTimespan, parse_timespan
+
+    text = text.strip()
+    if text.replace(".", "", 1).isdigit():
+        return float(text)
+    try:
+        return parse_timespan(text) / 60
+    except (InvalidTimespan, ValueError):
+        return None

@@ -28,7 +28,7 @@ from llmpipe.plan.inputs import (
     shape_from_config,
     tokenizer_folder,
 )
-from llmpipe.plan.make import make_plan
+from llmpipe.plan.make import make_plan, time_limit_warnings
 from llmpipe.plan.render import markdown
 from llmpipe.plan.tokens import estimate as estimate_tokens
 from llmpipe.profiles import merge
@@ -58,6 +58,7 @@ def build(
     model: Path | None = None,
     estimate: bool = False,
     allow_unknown_data: bool = False,
+    limit: dict | None = None,
 ) -> dict:
     """The plan from the best inputs available: given paths, else this run's matching outputs, else estimates.
     allow_unknown_data: without a tokenizer to estimate with (a base model not downloaded yet), plan the
@@ -102,6 +103,9 @@ def build(
             "%s holds %d parameters, the Llama formula gives %d: using the checkpoint's count", source, counted, parameters(shape)
         )
     plan = make_plan(cfg, shape, n_params, data, hardware, source)
+    plan["time_limit"] = limit
+    if limit:
+        plan["warnings"].extend(time_limit_warnings(cfg, plan, limit))
     if warning := decompress_warning(cfg["data"]):
         plan["warnings"].append(warning)
     return plan
@@ -140,10 +144,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", help="plan.json to write")
     p.add_argument("--markdown", help="plan.md (the table) to write")
     p.add_argument("--overlay", help="write the train.max_steps / warmup_steps overlay the plan derived (YAML)")
+    p.add_argument("--time-limit", type=float, help="minutes a training job may run (Slurm: its runtime); warn above")
+    p.add_argument("--attempts", type=int, default=1, help="with --time-limit: the training rule's attempts (retries + 1)")
+    p.add_argument("--train-rule", default="the training job", help="with --time-limit: the training rule's name")
     args = p.parse_args(argv)
+    if args.time_limit is not None and (args.time_limit <= 0 or args.attempts < 1):
+        p.error("--time-limit must be > 0 minutes and --attempts >= 1")
+    limit = {"rule": args.train_rule, "minutes": args.time_limit, "attempts": args.attempts} if args.time_limit else None
     try:
         cfg = load_configs(args.config)
-        plan = build(cfg, args.view, args.store, args.model, args.estimate, allow_unknown_data=True)
+        plan = build(cfg, args.view, args.store, args.model, args.estimate, allow_unknown_data=True, limit=limit)
     except (cfgmod.ConfigError, ValueError, OSError) as exc:
         raise SystemExit(f"llmpipe plan: {exc}") from None
     text = markdown(plan)
