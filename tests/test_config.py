@@ -27,6 +27,14 @@ def test_unknown_key_is_named_with_suggestion():
     assert "unknown key 'train.warmup_step' (did you mean 'warmup_steps'?)" in str(err.value)
 
 
+def test_a_dotted_key_in_a_file_is_told_to_nest():
+    """`train.lr: 1e-3` in a YAML file is a key named train.lr: the fix is the nesting, not 'train'."""
+    with pytest.raises(cfgmod.ConfigError) as err:
+        cfgmod.load({"train.lr": 1e-3})
+    assert "unknown key 'train.lr' (write it nested: train: {lr: ...})" in str(err.value)
+    assert "did you mean 'train'" not in str(err.value)
+
+
 def test_unknown_top_level_section():
     with pytest.raises(cfgmod.ConfigError, match="unknown key 'trian'"):
         cfgmod.load({"trian": {}})

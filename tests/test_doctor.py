@@ -200,3 +200,15 @@ def test_slurm_requests_are_sized_per_node(monkeypatch):
     assert doctor.executor(spec, cfg) == [
         "Slurm: sinfo listed no nodes (is slurmctld reachable from here? check SLURM_CONF and munge)"
     ]
+
+
+@pytest.mark.parametrize("command", ["doctor", "check-config", "dag"])
+def test_a_misspelled_profile_is_named_with_this_checkouts_profiles(command):
+    """The same line from every command that takes --profile (dag's came from Snakemake, naming only the
+    user's and the system's profile folders; check-config's listed none)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "llmpipe", command, "--profile", "slurm-trnl"], capture_output=True, text=True, cwd=REPO
+    )
+    known = ", ".join(sorted(p.name for p in (REPO / "profiles").iterdir() if p.is_dir()))
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert f"profile 'slurm-trnl' not found; this checkout's profiles: {known}" in proc.stderr.splitlines()[-1]

@@ -46,10 +46,8 @@ def main(argv: list[str] | None = None) -> None:
         user = profiles.merge(user, cli)
         profile = None
         if args.profile:
-            found = profiles.snakemake_profiles(["--profile", args.profile])
-            if not found:
-                raise cfgmod.ConfigError(f"profile {args.profile!r} not found (as Snakemake looks for it)")
-            profile = found[0] if (found[0] / profiles.OVERLAY).is_file() else None
+            found = profiles.profile_dir(args.profile)
+            profile = found if (found / profiles.OVERLAY).is_file() else None
         cfg, layers = profiles.layered(user, profile)
         cfgmod.validate(cfg)
         clash = run_identity.clash(cfg, cfgmod.run_dir(cfg))

@@ -215,6 +215,10 @@ def _describe(error, schema: dict) -> str:
             hint = [alias] if alias in known else difflib.get_close_matches(key, known, n=1)
             if path[:1] == ["resources"] and key in ("nodes", "tasks"):
                 hint = ["parallel.nnodes"]  # nodes follow the launch, so they are set in one place
+            head, dot, rest = key.partition(".")
+            if dot and head in known:  # `train.lr: ...` in a YAML file: keys nest, a dot is part of the name
+                parts.append(f"unknown key '{full}' (write it nested: {head}: {{{rest}: ...}})")
+                continue
             parts.append(f"unknown key '{full}'" + (f" (did you mean '{hint[0]}'?)" if hint else ""))
         return "; ".join(parts) + f"; allowed here: {', '.join(known)}"
     hint = ""

@@ -281,6 +281,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default="dag", help="folder for planning-dag.{svg,png,dot,md} (default: dag)")
     p.add_argument("--no-graphviz", action="store_true", help="draw with matplotlib even where dot is installed")
     args = p.parse_args(argv[:split])
+    if args.profile:
+        from llmpipe.config import ConfigError
+        from llmpipe.profiles import profile_dir
+
+        try:
+            profile_dir(args.profile)
+        except ConfigError as exc:  # before Snakemake, whose message names only the user's profile folders
+            raise SystemExit(f"llmpipe dag: {exc}") from None
     result = planning_dag(args.profile, argv[split + 1 :], Path(args.out), use_dot=not args.no_graphviz)
     out = Path(args.out) / "planning-dag"
     print(

@@ -341,13 +341,7 @@ def problems(cfg: dict, spec: dict, quick: bool = False, envs: bool = True) -> l
     return [*env, *executor(spec, cfg), *accelerators(spec, cfg), *credentials(cfg), *sources(cfg), *disk(cfg, quick)]
 
 
-def _profile_dir(name: str) -> Path:
-    """Found as Snakemake finds it (this folder, then the user's and the system's profile folders)."""
-    found = profiles.snakemake_profiles(["--profile", name])
-    if not found:
-        known = ", ".join(sorted(p.name for p in (REPO / "profiles").iterdir()))
-        raise ConfigError(f"profile {name!r} not found; this checkout's profiles: {known}")
-    return found[0]
+_profile_dir = profiles.profile_dir
 
 
 def main(argv: list[str] | None = None) -> None:

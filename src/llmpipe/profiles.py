@@ -108,6 +108,16 @@ def active_profile(argv: list[str] | None = None, environ: dict | None = None) -
     return None
 
 
+def profile_dir(name: str) -> Path:
+    """A profile folder found as Snakemake finds it (this folder, then the user's and the system's profile
+    folders); ConfigError naming this checkout's profiles if there is none."""
+    found = snakemake_profiles(["--profile", name])
+    if not found:
+        known = ", ".join(sorted(p.name for p in (REPO / "profiles").iterdir() if p.is_dir()))
+        raise ConfigError(f"profile {name!r} not found; this checkout's profiles: {known}")
+    return found[0]
+
+
 def profile_settings(profile: Path | None) -> dict:
     """Snakemake's settings of a profile folder (executor, resources: its config.v8+.yaml), {} without one."""
     spec = profile / "config.v8+.yaml" if profile is not None else None
