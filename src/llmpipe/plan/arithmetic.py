@@ -85,3 +85,15 @@ def memory(
     logits = 4 * tokens * s.vocab_size / tp
     parts = {"weights": weights, "grads": grads, "optimizer": optimizer, "activations": acts, "logits": logits}
     return {**parts, "total": sum(parts.values())}
+
+
+def duration(hours: float) -> str:
+    """A time for people: 42.0 s, 12.5 min, 7.3 h, 41.2 d."""
+    seconds = hours * 3600
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if hours < 2:
+        return f"{seconds / 60:.1f} min"
+    if hours < 48:
+        return f"{hours:.1f} h"
+    return f"{hours / 24:.1f} d"

@@ -6,9 +6,8 @@ import math
 from dataclasses import asdict
 
 from llmpipe import parallelism
-from llmpipe.plan.arithmetic import Shape, flops_per_token, matmul_parameters
+from llmpipe.plan.arithmetic import Shape, duration, flops_per_token, matmul_parameters
 from llmpipe.plan.hardware import RESERVED_FRACTION, option
-from llmpipe.plan.render import _duration
 from llmpipe.plan.schedule import schedule
 
 MANY_EPOCHS = 4.0  # warn above this many passes over the data
@@ -85,17 +84,17 @@ def time_limit_warnings(cfg: dict, plan: dict, limit: dict) -> list[str]:
     if not cfg["plan"]["hardware"]:
         return []
     rule, minutes, attempts = limit["rule"], limit["minutes"], limit["attempts"]
-    runtime, steps, save = _duration(minutes / 60), plan["schedule"]["steps"], cfg["train"]["save_interval"]
+    runtime, steps, save = duration(minutes / 60), plan["schedule"]["steps"], cfg["train"]["save_interval"]
     out = []
     for r in plan["hardware"]:
         needed = r["attempts_needed"] = max(1, math.ceil(r["hours"] * 60 / minutes))
         if needed == 1:
             continue
         save_hours = r["hours"] * min(save, steps) / steps
-        said = f"{r['name']}: training is estimated at {_duration(r['hours'])} (at MFU {r['mfu']:.0%})"
+        said = f"{r['name']}: training is estimated at {duration(r['hours'])} (at MFU {r['mfu']:.0%})"
         if save_hours * 60 >= minutes:
             out.append(
-                f"{r['name']}: train.save_interval {save} steps take about {_duration(save_hours)} (at MFU "
+                f"{r['name']}: train.save_interval {save} steps take about {duration(save_hours)} (at MFU "
                 f"{r['mfu']:.0%}), not less than {rule}'s runtime of {runtime}: a job ends before its next checkpoint "
                 f"and every retry starts over from the same one; lower train.save_interval below "
                 f"{max(1, int(save * minutes / (save_hours * 60)))}"
@@ -110,6 +109,6 @@ def time_limit_warnings(cfg: dict, plan: dict, limit: dict) -> list[str]:
             out.append(
                 f"{said}, longer than {rule}'s runtime of {runtime}: Slurm ends the job and a retry resumes from the "
                 f"newest checkpoint (at least {needed} of {attempts} attempts; each redoes up to train.save_interval "
-                f"{save} steps, about {_duration(save_hours)})"
+                f"{save} steps, about {duration(save_hours)})"
             )
     return out

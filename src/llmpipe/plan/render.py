@@ -4,23 +4,14 @@ from __future__ import annotations
 
 import yaml
 
+from llmpipe.plan.arithmetic import duration as _duration
+
 
 def _num(x: float) -> str:
     for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(x) >= size:
             return f"{x / size:.3g} {unit}"
     return f"{x:.3g}"
-
-
-def _duration(hours: float) -> str:
-    seconds = hours * 3600
-    if seconds < 120:
-        return f"{seconds:.1f} s"
-    if hours < 2:
-        return f"{seconds / 60:.1f} min"
-    if hours < 48:
-        return f"{hours:.1f} h"
-    return f"{hours / 24:.1f} d"
 
 
 def summary_rows(plan: dict) -> list[tuple[str, str]]:

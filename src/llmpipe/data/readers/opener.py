@@ -7,6 +7,8 @@ import hashlib
 from collections import Counter
 from collections.abc import Iterator
 
+from llmpipe.data.readers.stats import CorruptData
+
 
 def _path_of(url: str) -> str:
     """What names a source's format: a URL's path, without its query or fragment (`x.jsonl?download=1`)."""
@@ -198,12 +200,6 @@ def _open_binary(url: str) -> Iterator:
                 yield _Salvaged(fh, url)
         else:
             yield _Streams(raw, comp)
-
-
-class CorruptData(OSError):
-    """Compressed data that fails to decode, or its checksum, after part of its stream was handed out: what
-    came before in that stream may be damaged too, so its records cannot be kept (a truncated file is an
-    EOFError instead: what came before is whole)."""
 
 
 class _Salvaged:

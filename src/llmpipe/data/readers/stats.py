@@ -101,6 +101,12 @@ class ReadStats:
         self.long.update(other.get("long_documents", {}))
 
 
+class CorruptData(OSError):
+    """Compressed data that fails to decode, or its checksum, after part of its stream was handed out: what
+    came before in that stream may be damaged too, so its records cannot be kept (a truncated file is an
+    EOFError instead: what came before is whole)."""
+
+
 def is_read_error(exc: BaseException) -> bool:
     """An error of reading or decompressing a source's bytes (not of the records in it)."""
     import lzma
@@ -115,8 +121,6 @@ def is_read_error(exc: BaseException) -> bool:
 def broken(source: str, exc: BaseException, reached: str | None) -> BadSource:
     """The BadSource for a read that failed with `exc` after `reached` ("line 12, 11 records"; None: nothing)."""
     what = f"{type(exc).__name__}: {exc}"
-    from llmpipe.data.readers.opener import CorruptData
-
     if isinstance(exc, CorruptData):  # never skipped: records already read may be damaged
         return BadSource("corrupt_source", source, f"corrupt after {reached or 'the start'}: {exc}")
     if reached is None or reached.endswith(", 0 records"):
