@@ -288,9 +288,11 @@ def test_training_longer_than_the_slurm_runtime_is_warned_with_the_attempts_it_n
     short = plan(minutes, 2, train={"save_interval": save})
     (w,) = [w for w in short["warnings"] if "runtime" in w]
     assert "would stop unfinished" in w and "retries 1" in w and "at least 2)" in w
-    never = plan(minutes, 5, train={"save_interval": steps})  # one checkpoint, at the end: no attempt reaches it
-    (w,) = [w for w in never["warnings"] if "runtime" in w]
-    assert "every retry starts over" in w and f"below {int(steps * minutes / (hours * 60))}" in w
+    for save in (steps, steps * 10):  # one checkpoint, at the end: no attempt reaches it (a save_interval past the end too)
+        never = plan(minutes, 5, train={"save_interval": save})
+        (w,) = [w for w in never["warnings"] if "runtime" in w]
+        assert f"{steps} steps between checkpoints (train.save_interval {save})" in w and "every retry starts over" in w
+        assert f"below {int(steps * minutes / (hours * 60))}" in w
     roomy = plan(hours * 60 * 1.5, 1)
     assert roomy["hardware"][0]["attempts_needed"] == 1 and not [w for w in roomy["warnings"] if "runtime" in w]
     table = plan(minutes, 1, table=True)  # the whole table is not where this run trains

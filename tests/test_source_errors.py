@@ -147,12 +147,49 @@ def test_bytes_after_the_last_stream_are_never_dropped_silently(tmp_path, docs, 
     stats = ReadStats()
     out = read(path, "skip", stats)
     assert out == docs[:200]
-    if tail == "zero_padding":
+    if tail == "zero_padding" and suffix == "xz":  # xz's own stream padding; bzip2 and zstd call it garbage
         assert read(path, "fail") == docs[:200] and not stats.bad_sources
+        path.write_bytes(good + bytes(4) + COMPRESS[suffix](jsonl_bytes(docs[200:300])))  # padding between streams
+        assert read(path, "fail") == docs[:300]
         return
     assert skipped_sources(stats) == {"damaged_source": [str(path)]}
     with pytest.raises(BadSource, match=rf"^{path}: unreadable after line 200, 200 records .*are not {suffix[:2]}"):
         read(path, "fail")
+
+
+@pytest.mark.parametrize("suffix", ["bz2", "xz", "zst"])
+def test_a_later_stream_cut_or_damaged_before_any_of_it_was_read_keeps_the_streams_before(tmp_path, docs, suffix):
+    """Nothing of the broken stream handed out: no record can be damaged, so under skip the whole streams
+    before it are kept and the source counted (not corrupt_source); a cut one is named as cut."""
+    first = COMPRESS[suffix](jsonl_bytes(docs[:300]))
+    second = COMPRESS[suffix](jsonl_bytes(docs[300:2300]))
+    damaged = bytearray(second)
+    for i in range(12, 200):  # past its magic and header: in its first block, before it makes a byte
+        damaged[i] = 0xFF
+    for tail, what in ((second[: len(second) // 2], "EOFError: .* stream ended inside a stream"), (bytes(damaged), "")):
+        path = tmp_path / f"later.jsonl.{suffix}"
+        path.write_bytes(first + tail)
+        stats = ReadStats()
+        out = read(path, "skip", stats)
+        assert out[:300] == docs[:300] and out == docs[: len(out)], suffix
+        assert skipped_sources(stats) == {"damaged_source": [str(path)]}
+        if what:
+            with pytest.raises(BadSource, match=what):
+                read(path, "fail")
+
+
+@pytest.mark.parametrize("suffix", ["bz2", "xz"])
+def test_a_very_compressible_source_is_read_in_bounded_pieces(tmp_path, suffix):
+    """400 MB of one repeated line in a few KB: read piece by piece, each at most _Streams.OUT, not a whole
+    read's output at once (1 GB of memory for the xz)."""
+    from llmpipe.data.readers.opener import _open_binary, _Streams
+
+    line = jsonl_bytes(["the same document again"])
+    path = tmp_path / f"rep.jsonl.{suffix}"
+    path.write_bytes(COMPRESS[suffix](line * (64 << 20 // len(line))))
+    with _open_binary(str(path)) as fh:
+        sizes = [len(piece) for piece in iter(lambda: fh.read(1 << 20), b"")]
+    assert sum(sizes) == len(line) * (64 << 20 // len(line)) and max(sizes) <= _Streams.OUT
 
 
 def _stored_gz_with_a_changed_byte(data: bytes) -> bytes:

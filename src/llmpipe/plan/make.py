@@ -90,14 +90,15 @@ def time_limit_warnings(cfg: dict, plan: dict, limit: dict) -> list[str]:
         needed = r["attempts_needed"] = max(1, math.ceil(r["hours"] * 60 / minutes))
         if needed == 1:
             continue
-        save_hours = r["hours"] * min(save, steps) / steps
+        every = min(save, steps)  # steps from one checkpoint to the next (the last step is always saved)
+        save_hours = r["hours"] * every / steps
         said = f"{r['name']}: training is estimated at {duration(r['hours'])} (at MFU {r['mfu']:.0%})"
         if save_hours * 60 >= minutes:
             out.append(
-                f"{r['name']}: train.save_interval {save} steps take about {duration(save_hours)} (at MFU "
-                f"{r['mfu']:.0%}), not less than {rule}'s runtime of {runtime}: a job ends before its next checkpoint "
-                f"and every retry starts over from the same one; lower train.save_interval below "
-                f"{max(1, int(save * minutes / (save_hours * 60)))}"
+                f"{r['name']}: {every} steps between checkpoints (train.save_interval {save}) take about "
+                f"{duration(save_hours)} (at MFU {r['mfu']:.0%}), not less than {rule}'s runtime of {runtime}: a job "
+                f"ends before its next checkpoint and every retry starts over from the same one; lower "
+                f"train.save_interval below {max(1, int(every * minutes / (save_hours * 60)))}"
             )
         elif needed > attempts:
             out.append(

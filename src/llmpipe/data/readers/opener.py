@@ -274,102 +274,86 @@ def _salvage(url: str, skip: int) -> tuple[bytes, Exception | None]:
 _SUSPECT = "the records read from it before may be damaged too, so it cannot be skipped; fetch the file again"
 
 
-def _decompressor(kind: str):
-    """A new one-stream decompressor of `kind` (zstd: one frame) and the errors it raises on bad data."""
-    if kind == "zstd":
-        import zstandard
-
-        return zstandard.ZstdDecompressor().decompressobj(), zstandard.ZstdError
-    if kind == "bz2":
-        import bz2
-
-        return bz2.BZ2Decompressor(), OSError
-    import lzma
-
-    return lzma.LZMADecompressor(lzma.FORMAT_XZ), lzma.LZMAError
+MAGIC = {"zstd": b"\x28\xb5\x2f\xfd", "bz2": b"BZh", "xz": b"\xfd7zXZ\x00"}  # how each stream starts
 
 
 class _Streams:
-    """Decompressed bytes of a zstd / bz2 / xz file of one or more streams (zstd: frames), each a new
-    decompressor. Unlike zstandard's stream_reader (which ends without a word inside a cut frame) and
-    BZ2File / LZMAFile (which end without a word at bytes after a stream that are not another one, and lose a
-    whole read's bytes when part of it fails): a file cut inside a stream raises EOFError; bytes after a
-    stream that do not start another one (all zeros aside: xz's stream padding) raise that after the bytes
-    before are handed out; a stream damaged after some of its bytes were handed out raises CorruptData.
-    Input goes in FEED bytes at a time, so a damaged stream hands out what came before the damage."""
+    """Decompressed bytes of a zstd / bz2 / xz file of one or more streams (zstd: frames). Unlike zstandard's
+    stream_reader (which ends without a word inside a cut frame) and BZ2File / LZMAFile (which end without a
+    word at bytes after a stream that are not another one, and lose a whole read's bytes when part of it
+    fails), it hands out each piece as it is made (at most OUT bytes; zstd: what FEED input bytes make), then:
+    a file cut inside a stream raises EOFError; bytes after a stream that do not start another one raise
+    OSError saying so (xz's zero stream padding aside); a stream damaged after some of its bytes were handed
+    out raises CorruptData (they may be damaged too); one damaged before that, its own error."""
 
-    FEED = 64 << 10
+    FEED, OUT = 64 << 10, 1 << 20
 
     def __init__(self, raw, kind: str, size: int = 1 << 20):
-        self.raw, self.kind, self.size = raw, kind, size
-        self.dobj, self.bad = _decompressor(kind)
-        self.error, self.streams, self.taken = None, 1, 0  # taken: input the current stream accepted
-        self.made = self.stream = self.handed = self.done = 0  # bytes made; where this stream's began; handed out; input used
+        self.raw, self.kind, self.size, self.error = raw, kind, size, None
+        if kind == "zstd":
+            import zstandard
 
-    def _next_stream(self) -> None:
-        self.dobj, self.stream, self.streams, self.taken = _decompressor(self.kind)[0], self.made, self.streams + 1, 0
+            self.bad, dctx = zstandard.ZstdError, zstandard.ZstdDecompressor()  # one context for every frame
+            self.new = dctx.decompressobj
+        elif kind == "bz2":
+            import bz2
 
-    def _not_a_stream(self, why) -> OSError:
-        return OSError(f"bytes after the {self.kind} stream ending at byte {self.done} are not {self.kind} data ({why})")
+            self.bad, self.new = OSError, bz2.BZ2Decompressor
+        else:
+            import lzma
 
-    def _feed(self, data: bytes, out: list) -> None:
-        while data:
-            if self.dobj.eof:
-                if not data.strip(b"\0"):  # padding after the last stream
-                    self.done += len(data)
-                    return
-                self._next_stream()
-            piece = self.dobj.decompress(data)
-            out.append(piece)
-            self.made += len(piece)
-            rest = self.dobj.unused_data if self.dobj.eof else b""
-            self.taken += len(data) - len(rest)
-            self.done += len(data) - len(rest)
-            data = rest
+            self.bad, self.new = lzma.LZMAError, lambda: lzma.LZMADecompressor(lzma.FORMAT_XZ)
+        self.pieces = self._pieces()
 
-    def _more(self) -> bytes | None:
-        """The next decompressed piece (maybe empty); None at the end of the input."""
-        if self.error is not None:
-            raise self.error
-        data = self.raw.read(self.size)
-        out = []
-        try:
-            if not data:
-                if self.taken and not self.dobj.eof:
-                    if self.streams > 1 and self.made == self.stream:  # a few bytes after a stream, nothing made
-                        raise self._not_a_stream("too short")
-                    raise EOFError(f"{self.kind} stream ended inside a stream (truncated file?)")
-                return None
+    def _pieces(self):
+        dobj, streams, head, made, done = self.new(), 1, b"", 0, 0  # head: the stream's first bytes; made: its output
+        limit = {} if self.kind == "zstd" else {"max_length": self.OUT}
+        while data := self.raw.read(self.size):
             for at in range(0, len(data), self.FEED):
-                self._feed(data[at : at + self.FEED], out)
-        except (self.bad, EOFError, OSError) as exc:
-            pending = b"".join(out)
-            if self.stream < self.made:  # this stream made bytes: handed out, or about to be
-                error = CorruptData(f"the {self.kind} stream from byte {self.done} on is damaged ({exc}): {_SUSPECT}")
-                if isinstance(exc, EOFError):
-                    error = exc  # cut, not damaged: what came before is whole
-                if self.stream < self.handed and not isinstance(exc, EOFError):
-                    raise error from exc
-                keep = len(pending) if isinstance(exc, EOFError) else len(pending) - (self.made - self.stream)
-                pending, self.error = pending[:keep], error
-            elif self.streams > 1 and self.taken == 0:  # bytes after a whole stream that are not another one
-                self.error = exc if "are not" in str(exc) else self._not_a_stream(exc)
-            else:
-                self.error = exc
-            if not pending:
-                raise self.error from exc
-            out = [pending]
-        piece = b"".join(out)
-        self.handed += len(piece)
-        return piece
+                chunk = data[at : at + self.FEED]
+                while chunk or (self.kind != "zstd" and not dobj.eof and not dobj.needs_input):
+                    if dobj.eof:
+                        if self.kind == "xz":  # stream padding: zero bytes between and after streams
+                            done += len(chunk) - len(chunk := chunk.lstrip(b"\0"))
+                            if not chunk:
+                                break
+                        dobj, streams, head, made = self.new(), streams + 1, b"", 0
+                    head += chunk[: 8 - len(head)]
+                    try:
+                        out = dobj.decompress(chunk, **limit)
+                    except self.bad as exc:
+                        raise self._broken(exc, streams, head, made, done) from exc
+                    rest = dobj.unused_data if dobj.eof else b""
+                    done += len(chunk) - len(rest)
+                    chunk = rest
+                    if out:
+                        made += len(out)
+                        yield out
+        if head and not dobj.eof:
+            if streams > 1 and not made and not head.startswith(MAGIC[self.kind][: len(head)]):
+                raise self._not_a_stream(done, "too short")
+            raise EOFError(f"{self.kind} stream ended inside a stream (truncated file?)")
+
+    def _not_a_stream(self, done: int, why) -> OSError:
+        return OSError(f"bytes after the {self.kind} stream ending at byte {done} are not {self.kind} data ({why})")
+
+    def _broken(self, exc, streams: int, head: bytes, made: int, done: int) -> OSError:
+        if made:  # this stream's bytes were handed out: they may be damaged too
+            return CorruptData(f"the {self.kind} stream from byte {done} on is damaged ({exc}): {_SUSPECT}")
+        if streams > 1 and not head.startswith(MAGIC[self.kind][: len(head)]):
+            return self._not_a_stream(done, exc)
+        return exc
 
     def read(self, size: int = -1) -> bytes:
-        out = []
-        while (piece := self._more()) is not None:
-            out.append(piece)
-            if (size >= 0 and piece) or self.error is not None:
-                break
-        return b"".join(out)
+        """The next piece (whatever `size`: callers take any length), b"" at the end; a break is raised at
+        the read after the last piece before it."""
+        if self.error is not None:
+            raise self.error
+        try:
+            return next(self.pieces, b"")
+        except Exception as exc:
+            self.error = exc
+            raise
 
 
 BOM = b"\xef\xbb\xbf"
