@@ -166,6 +166,7 @@ def test_config_mapping(tmp_path):
     assert out["data"]["tokenizer"] == mod["tokenizer"] == mod["reference_checkpoint"] == str((tmp_path / "ref").resolve())
     assert "initialize_from_hf" not in out  # a new model: Levanter's own init from train.seed
 
+    (tmp_path / "base").mkdir()  # a local base folder must exist (the config names it)
     cont = cfgmod.validate(
         {
             **cfg,
