@@ -307,12 +307,9 @@ def check_train_gpus():
 
 
 def executor_name() -> str | None:
-    """The executor jobs run under (slurm inside a Slurm job too); on a dry run, the one the command line or
-    the last profile names."""
+    """The executor jobs run under; on a dry run, the one the command line or the last profile names."""
     name = getattr(workflow.executor_plugin, "name", None)
-    if name != "dryrun":
-        return "slurm" if name == "slurm-jobstep" else name  # a Slurm job's own snakemake
-    return profiles.named_executor(profiles.snakemake_argv() or [])
+    return profiles.named_executor(profiles.snakemake_argv() or []) if name == "dryrun" else name
 
 
 def train_time_limit(wildcards=None) -> str:
@@ -355,7 +352,7 @@ def doctor_before_jobs():
     from llmpipe import doctor
 
     named = profiles.snakemake_profiles(profiles.snakemake_argv() or [])
-    spec = {**doctor.profile_spec(named[-1] if named else None), "executor": workflow.executor_plugin.name}
+    spec = {**profiles.profile_settings(named[-1] if named else None), "executor": workflow.executor_plugin.name}
     built = DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method  # envs from envs/*.yaml
     found = doctor.problems(config, spec, quick=True, envs=not built)
     if found:

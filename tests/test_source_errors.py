@@ -12,6 +12,7 @@ import sys
 import zlib
 
 import pytest
+import zstandard
 
 from llmpipe import config as cfgmod
 from llmpipe.data.get_data import get_data
@@ -94,8 +95,6 @@ def test_truncated_xz_bz2_skip_keeps_records_before_the_break(tmp_path, docs, su
 
 
 def test_truncated_zst_is_not_silent(tmp_path, docs):
-    import zstandard
-
     whole = zstandard.ZstdCompressor().compress(jsonl_bytes(docs))
     path = tmp_path / "cut.jsonl.zst"
     path.write_bytes(whole[: len(whole) // 2])
@@ -128,7 +127,7 @@ def test_garbage_after_good_gzip_member(tmp_path, docs, tail):
     assert str(path) in json.dumps(stats.as_dict()["sources_skipped_examples"])
 
 
-COMPRESS = {"bz2": bz2.compress, "xz": lzma.compress, "zst": lambda b: __import__("zstandard").ZstdCompressor().compress(b)}
+COMPRESS = {"bz2": bz2.compress, "xz": lzma.compress, "zst": lambda b: zstandard.ZstdCompressor().compress(b)}
 
 
 @pytest.mark.parametrize("suffix", ["bz2", "xz", "zst"])
@@ -180,16 +179,18 @@ def test_a_later_stream_cut_or_damaged_before_any_of_it_was_read_keeps_the_strea
 
 @pytest.mark.parametrize("suffix", ["bz2", "xz"])
 def test_a_very_compressible_source_is_read_in_bounded_pieces(tmp_path, suffix):
-    """400 MB of one repeated line in a few KB: read piece by piece, each at most _Streams.OUT, not a whole
-    read's output at once (1 GB of memory for the xz)."""
+    """64 MiB of one repeated line in a few KB: read piece by piece, each at most _Streams.OUT, not a whole
+    read's output at once (all 64 MiB from the first read before)."""
     from llmpipe.data.readers.opener import _open_binary, _Streams
 
     line = jsonl_bytes(["the same document again"])
+    copies = (64 << 20) // len(line)
     path = tmp_path / f"rep.jsonl.{suffix}"
-    path.write_bytes(COMPRESS[suffix](line * (64 << 20 // len(line))))
+    path.write_bytes(COMPRESS[suffix](line * copies))
+    assert path.stat().st_size < _Streams.FEED  # all of it in the first piece of input
     with _open_binary(str(path)) as fh:
         sizes = [len(piece) for piece in iter(lambda: fh.read(1 << 20), b"")]
-    assert sum(sizes) == len(line) * (64 << 20 // len(line)) and max(sizes) <= _Streams.OUT
+    assert sum(sizes) == len(line) * copies and max(sizes) <= _Streams.OUT
 
 
 def _stored_gz_with_a_changed_byte(data: bytes) -> bytes:
@@ -210,8 +211,6 @@ def test_corrupt_data_inside_a_stream_stops_even_under_skip(tmp_path, docs, kind
     if kind == "gz_crc":
         raw = _stored_gz_with_a_changed_byte(data)
     else:
-        import zstandard
-
         packed = {
             "gz_bits": lambda b: gzip.compress(b, mtime=0),
             "bz2": bz2.compress,

@@ -226,17 +226,10 @@ def render(rules: list[str], edges: list[tuple[str, str]], labels: dict[str, lis
 
 
 def cluster_profile(args: list[str]) -> bool:
-    """Whether a profile these snakemake arguments name submits jobs to a cluster (executor not local)."""
-    import yaml
-    from snakemake.cli import get_profile_dir
+    """Whether these snakemake arguments (--executor, else the last profile's) submit jobs to a cluster."""
+    from llmpipe.profiles import named_executor
 
-    from llmpipe.profiles import snakemake_profiles
-
-    for folder in snakemake_profiles(args):
-        _, path = get_profile_dir(str(folder))
-        if (yaml.safe_load(Path(path).read_text()) or {}).get("executor", "local") != "local":
-            return True
-    return False
+    return named_executor(args) not in (None, "local")
 
 
 def planning_dag(profile: str | None, extra: list[str], out_dir: Path, use_dot: bool = True) -> dict:

@@ -111,9 +111,6 @@ def backend_env(cfg: dict) -> list[str]:
     return out
 
 
-profile_spec = profiles.profile_settings  # Snakemake's settings of the profile (executor, resources)
-
-
 def _named_resources(spec: dict, cfg: dict) -> list[tuple[str, dict]]:
     """(rule, its resources) as the workflow applies them (rules/common.smk apply_config_resources): the
     profile's default-resources < its set-resources < the config's resources default < rule < train
@@ -280,11 +277,10 @@ def sources(cfg: dict) -> list[str]:
     from llmpipe.data.get_data import check_sources
     from llmpipe.data.readers import BadSource
 
-    patterns = _patterns(cfg)
-    missing = [s for s in patterns if not _expand(s)]
-    out = [f"data: source {s!r} matches no file here (fix: data.sources)" for s in missing]
+    found = {s: _expand(s) for s in _patterns(cfg)}
+    out = [f"data: source {s!r} matches no file here (fix: data.sources)" for s, files in found.items() if not files]
     try:
-        check_sources([f for s in patterns for f in _expand(s)], cfg["data"]["on_bad_record"])
+        check_sources([f for files in found.values() for f in files], cfg["data"]["on_bad_record"])
     except BadSource as exc:
         out.append(f"data: {exc} (fix: data.sources)")
     return out
@@ -335,13 +331,10 @@ def disk(cfg: dict, quick: bool) -> list[str]:
 
 
 def problems(cfg: dict, spec: dict, quick: bool = False, envs: bool = True) -> list[str]:
-    """Every problem line. spec: the profile's Snakemake settings (profile_spec); envs False where
+    """Every problem line. spec: the profile's Snakemake settings (profiles.profile_settings); envs False where
     Snakemake builds the environments (--software-deployment-method conda)."""
     env = [*main_env(), *backend_env(cfg)] if envs else []
     return [*env, *executor(spec, cfg), *accelerators(spec, cfg), *credentials(cfg), *sources(cfg), *disk(cfg, quick)]
-
-
-_profile_dir = profiles.profile_dir
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -352,7 +345,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help="disk bound from the sources' sizes, no plan")
     args = ap.parse_args(argv)
     try:
-        profile = _profile_dir(args.profile)
+        profile = profiles.profile_dir(args.profile)
         user = {}
         for f in args.configfile:
             user = profiles.merge(user, profiles._read_yaml(Path(f), "config file"))
@@ -361,7 +354,7 @@ def main(argv: list[str] | None = None) -> None:
         cfg = validate(layered)
     except ConfigError as exc:
         sys.exit(f"doctor: {exc}")
-    found = problems(cfg, profile_spec(profile), args.quick)
+    found = problems(cfg, profiles.profile_settings(profile), args.quick)
     for line in found:
         print(line)
     print(f"doctor: profile {profile.name}: {len(found)} problem(s)" if found else f"doctor: profile {profile.name}: ready")

@@ -159,7 +159,7 @@ def checked_sources(d: dict, sources: list[str], entries: list[dict], outs: dict
     from llmpipe.data.readers.opener import SourceSizeChanged
 
     try:
-        return source_checksums(d, sources, entries, outs)
+        return source_checksums(d, sources, entries, sorted(outs))
     except SourceSizeChanged:
         for path in outs.values():
             path.unlink(missing_ok=True)

@@ -40,7 +40,8 @@ def records(source: str, cfg: dict, keep=None, stride=None, part=None, tally=Non
         return _parquet(source, cfg["text_field"])
     if kind == "text":
         return _text(source, cfg["text_mode"])
-    if "://" not in source.removeprefix("file://") and os.path.isdir(source.removeprefix("file://")):  # get-data kept it (skip)
+    path = source.removeprefix("file://")
+    if "://" not in path and os.path.isdir(path):  # kept by get-data under on_bad_record: skip, to be counted
         raise BadSource("unreadable_source", source, "is a directory, not a file")
     raise ValueError(unsupported(source))
 
