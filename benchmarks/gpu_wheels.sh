@@ -16,7 +16,7 @@ get() { # folder, requirement...
 }
 for d in .whl .whlc; do grep -qx "/$d/" .git/info/exclude 2>/dev/null || echo "/$d/" >>.git/info/exclude; done
 rm -rf .whl .whlc
-get .whl $(for n in transformers zstandard jsonschema jsonschema-specifications referencing rpds-py orjson platformdirs; do pin requirements.lock $n; done)
+get .whl $(for n in transformers backports-zstd jsonschema jsonschema-specifications referencing rpds-py orjson platformdirs; do pin requirements.lock $n; done)
 tmp=$(mktemp -d)
 python3 -m pip wheel -q --no-deps -w "$tmp" "$(pin envs/colossal-cpu.txt colossalai)"
 mkdir -p .whlc && mv "$tmp"/colossalai-*.whl .whlc/

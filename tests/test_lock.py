@@ -11,6 +11,7 @@ import tomllib
 from pathlib import Path
 
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
@@ -22,7 +23,7 @@ HERE = (f"{sys.version_info.major}.{sys.version_info.minor}", "x86_64")
 
 
 def key(req: Requirement) -> str:
-    return req.name.lower().replace("_", "-")
+    return canonicalize_name(req.name)  # backports.zstd -> backports-zstd, as the lock writes it
 
 
 def locked_here() -> dict[str, Requirement]:

@@ -45,9 +45,9 @@ def _decompress(raw: bytes, comp: str | None) -> bytes:
     if comp is None:
         return raw
     if comp == "zstd":
-        import zstandard
+        from llmpipe.data.readers.opener import zstd_module
 
-        return zstandard.ZstdDecompressor().decompressobj().decompress(raw)
+        return zstd_module().ZstdDecompressor().decompress(raw)
     if comp == "gzip":
         out = []
         while raw:  # concatenated gzip members

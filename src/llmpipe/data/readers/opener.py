@@ -274,6 +274,16 @@ def _salvage(url: str, skip: int) -> tuple[bytes, Exception | None]:
 _SUSPECT = "the records read from it before may be damaged too, so it cannot be skipped; fetch the file again"
 
 
+def zstd_module():
+    """The standard library's zstd (Python 3.14: compression.zstd), or its backport (backports.zstd) before:
+    the bz2 / lzma decompressor API, whose max_length bounds each piece's size."""
+    try:
+        from compression import zstd
+    except ImportError:
+        from backports import zstd
+    return zstd
+
+
 MAGIC = {"zstd": b"\x28\xb5\x2f\xfd", "bz2": b"BZh", "xz": b"\xfd7zXZ\x00"}  # how each stream starts
 
 
@@ -281,7 +291,7 @@ class _Streams:
     """Decompressed bytes of a zstd / bz2 / xz file of one or more streams (zstd: frames). Unlike zstandard's
     stream_reader (which ends without a word inside a cut frame) and BZ2File / LZMAFile (which end without a
     word at bytes after a stream that are not another one, and lose a whole read's bytes when part of it
-    fails), it hands out each piece as it is made (at most OUT bytes; zstd: what FEED input bytes make), then:
+    fails), it hands out each piece as it is made (at most OUT bytes, however compressible the data), then:
     a file cut inside a stream raises EOFError; bytes after a stream that do not start another one raise
     OSError saying so (xz's zero stream padding aside); a stream damaged after some of its bytes were handed
     out raises CorruptData (they may be damaged too); one damaged before that, its own error."""
@@ -291,10 +301,8 @@ class _Streams:
     def __init__(self, raw, kind: str, size: int = 1 << 20):
         self.raw, self.kind, self.size, self.error = raw, kind, size, None
         if kind == "zstd":
-            import zstandard
-
-            self.bad, dctx = zstandard.ZstdError, zstandard.ZstdDecompressor()  # one context for every frame
-            self.new = dctx.decompressobj
+            zstd = zstd_module()
+            self.bad, self.new = zstd.ZstdError, zstd.ZstdDecompressor
         elif kind == "bz2":
             import bz2
 
@@ -307,11 +315,10 @@ class _Streams:
 
     def _pieces(self):
         dobj, streams, head, made, done = self.new(), 1, b"", 0, 0  # head: the stream's first bytes; made: its output
-        limit = {} if self.kind == "zstd" else {"max_length": self.OUT}
         while data := self.raw.read(self.size):
             for at in range(0, len(data), self.FEED):
                 chunk = data[at : at + self.FEED]
-                while chunk or (self.kind != "zstd" and not dobj.eof and not dobj.needs_input):
+                while chunk or (not dobj.eof and not dobj.needs_input):
                     if dobj.eof:
                         if self.kind == "xz":  # stream padding: zero bytes between and after streams
                             done += len(chunk) - len(chunk := chunk.lstrip(b"\0"))
@@ -320,7 +327,7 @@ class _Streams:
                         dobj, streams, head, made = self.new(), streams + 1, b"", 0
                     head += chunk[: 8 - len(head)]
                     try:
-                        out = dobj.decompress(chunk, **limit)
+                        out = dobj.decompress(chunk, max_length=self.OUT)
                     except self.bad as exc:
                         raise self._broken(exc, streams, head, made, done) from exc
                     rest = dobj.unused_data if dobj.eof else b""

@@ -114,7 +114,7 @@ def is_read_error(exc: BaseException) -> bool:
 
     module = type(exc).__module__ or ""
     return isinstance(exc, (OSError, EOFError, zlib.error, lzma.LZMAError)) or module.startswith(
-        ("zstandard", "igzip_lib", "isal", "pyarrow", "fsspec")
+        ("backports.zstd", "compression.zstd", "igzip_lib", "isal", "pyarrow", "fsspec")
     )
 
 
