@@ -17,7 +17,7 @@ from llmpipe.data.readers import HF_PREFIX
 from llmpipe.data.tokenizer import TOKENIZER_FILES
 from llmpipe.data.tokenize import num_jobs as tokenize_jobs, shards_per_job
 from llmpipe.hub import is_hub_ref
-from llmpipe.train.resume import changed_settings
+from llmpipe.train.resume import RESUME_NEUTRAL, changed_settings
 from llmpipe.data.sources import expand_sources, stat_digest
 from llmpipe.data.remote_keys import digest as remote_digest, is_remote, remote_identities
 
@@ -52,7 +52,15 @@ if _backend.resume_sections:  # before Snakemake deletes the old model to train 
     if _changed:
         raise WorkflowError(_changed)
 
-VIEWS = config["data"]["views"]
+# every view a job of this run reads, so verify_data checks each: data.views, hf (plan and evaluate read it,
+# the torch, colossal and neuron trainers train on it) and a SageMaker algorithm's litgpt
+VIEWS = sorted(
+    {
+        *config["data"]["views"],
+        "hf",
+        *(["litgpt"] if BACKEND == "sagemaker" and config["sagemaker"]["mode"] == "algorithm" else []),
+    }
+)
 # view keys only formats this run does not build read: no job is given them (a change reruns nothing)
 UNBUILT = tuple(f"data.{k}" for k in VIEW_KEYS if all(k not in FORMAT_KEYS[f] for f in VIEWS))
 # Every job runs `python -m llmpipe` from this checkout (no install needed inside conda envs).
@@ -74,6 +82,23 @@ def cfg_json(*keys, drop=()):
             out[section] = {k: v for k, v in value.items() if f"{section}.{k}" not in drop} if isinstance(value, dict) else value
     text = json.dumps(out, sort_keys=True)
     return lambda wildcards: text  # a function: Snakemake must not read {...} in values as wildcards
+
+
+# Settings a trainer reads that do not change the trained model (llmpipe.train.resume.RESUME_NEUTRAL,
+# train.resume aside: setting it false restarts the run) and validation's batch settings (metrics only).
+TRAIN_NEUTRAL = (*(f"train.{k}" for k in sorted(RESUME_NEUTRAL - {"resume"})), "eval.batch_size", "eval.max_batches")
+
+
+def train_cfg_json(*keys, keep=()):
+    """A training rule's params for config `keys`: `settings`, its rerun trigger (TRAIN_NEUTRAL but `keep`
+    left out), and `cfg`, all of them for the command, given as a function of `input`: Snakemake leaves
+    such derived params out of its params trigger, so changing train.log_interval, threads, keep_checkpoints,
+    ... after a run reruns no training (before: training, export and evaluation again)."""
+    text = cfg_json(*keys)(None)
+    return {
+        "settings": cfg_json(*keys, drop=tuple(k for k in TRAIN_NEUTRAL if k not in keep)),
+        "cfg": lambda wildcards, input: text,
+    }
 
 
 def view_cfg(wildcards):

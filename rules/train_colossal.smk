@@ -28,7 +28,7 @@ rule train_colossal:
     resources:
         **train_resources(),
     params:
-        cfg=cfg_json("train", "parallel", "eval", *[f"colossal.{k}" for k in COLOSSAL_TRAIN_KEYS]),
+        **train_cfg_json("train", "parallel", "eval", *[f"colossal.{k}" for k in COLOSSAL_TRAIN_KEYS]),
         launch=colossal_launch(),
         cfg_file=f"{RUN}/train/colossal-config.json",
         checkpoints=lambda wildcards, output: Path(output[0]).parent,

@@ -43,7 +43,7 @@ rule neuron_precompile:
     resources:
         **train_resources(),
     params:
-        cfg=cfg_json(*NEURON_RUN),
+        **train_cfg_json(*NEURON_RUN, keep=("train.micro_batch_size",)),  # the compiled graphs' shapes
         ckpt=lambda wildcards, input: Path(input.shards).parent,
         metrics=f"{RUN}/train/nxd_precompile_metrics.json",
         tb=f"{RUN}/train/tensorboard_precompile",
@@ -67,7 +67,7 @@ rule train_neuron:
     resources:
         **train_resources(),
     params:
-        cfg=cfg_json(*NEURON_RUN),
+        **train_cfg_json(*NEURON_RUN),
         ckpt=lambda wildcards, input: Path(input.shards).parent,
         metrics=f"{RUN}/train/nxd_metrics.json",
         tb=f"{RUN}/train/tensorboard",

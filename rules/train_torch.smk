@@ -18,7 +18,7 @@ rule train_torch:
     resources:
         **train_resources(),
     params:
-        cfg=cfg_json("train", "parallel", "eval"),
+        **train_cfg_json("train", "parallel", "eval"),
         launch=launch_prefix(),
         checkpoints=lambda wildcards, output: Path(output[0]).parent,
         metrics=f"{RUN}/train/metrics.jsonl",

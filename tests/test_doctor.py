@@ -16,7 +16,7 @@ import pytest
 from llmpipe import doctor
 
 REPO = Path(__file__).resolve().parents[1]
-KINDS = r"^(main environment|\w+ environment|Slurm|accelerator|credentials|data|disk)( \([^)]*\))?: "
+KINDS = r"^(main environment|\w+ environment|Slurm|accelerator|credentials|data|disk|memory)( \([^)]*\))?: "
 CANARIES = {"AWS_ACCESS_KEY_ID": "AKIACANARY0123456789", "AWS_SECRET_ACCESS_KEY": "canary/secret/0123456789abcdef"}
 HF_CANARY = "hf_canaryTOKEN0123456789abcdefghij"
 
@@ -146,7 +146,7 @@ def test_missing_source_and_full_disk_are_named(tmp_path, monkeypatch):
     need = doctor.disk_needed(cfg, doctor._text_bytes(cfg) // 2, None)
     assert need > 0
     monkeypatch.setattr(doctor.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(need, need - 1, 1))
-    (line,) = doctor.disk(cfg, quick=True)
+    (line,) = doctor.disk(cfg, doctor._sizes(cfg, quick=True))
     assert line.startswith("disk: the run needs about") and str(tmp_path) in line
 
 
@@ -212,3 +212,39 @@ def test_a_misspelled_profile_is_named_with_this_checkouts_profiles(command):
     known = ", ".join(sorted(p.name for p in (REPO / "profiles").iterdir() if p.is_dir()))
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert f"profile 'slurm-trnl' not found; this checkout's profiles: {known}" in proc.stderr.splitlines()[-1]
+
+
+def test_disk_estimate_counts_the_hf_views_bytes_per_token(prepared):
+    """The hf view takes 11 bytes a token (int32 input_ids and labels, int8 mask, int16 segment_ids), not
+    the 4 the doctor assumed: a data-heavy run was "ready" with most of its disk missing."""
+    import datasets
+
+    cfg = prepared["cfg"]
+    for split in ("train", "val"):
+        ds = datasets.load_from_disk(str(prepared["view"] / split))
+        arrow = sum(f.stat().st_size for f in (prepared["view"] / split).glob("*.arrow"))
+        tokens = len(ds) * cfg["train"]["seq_len"]
+        assert (
+            tokens * doctor.view_bytes_per_token("hf", cfg)
+            <= arrow
+            < tokens * doctor.view_bytes_per_token("hf", cfg) * 1.1 + 4096
+        )
+    assert doctor.view_bytes_per_token("hf", {**cfg, "data": {**cfg["data"], "segment_ids": False}}) == 9
+    lean = {**cfg, "data": {**cfg["data"], "views": ["hf"]}}
+    assert doctor.disk_needed(lean, 1000, None) == 1000 * (4 + 11)  # the store, then the hf view
+
+
+def test_a_whole_model_step_with_too_little_memory_is_named():
+    """init_model, export_hf and evaluate hold the whole model in float32 (7.4-7.8 bytes a parameter
+    measured): slurm-trn1's 64 / 128 GB for them and the 70B preset (70.6 B parameters) would be killed
+    by Slurm, init_model before any training. The trn2 profile (70B default) now gives them 600 GB."""
+    from llmpipe import config, profiles
+
+    spec = profiles.profile_settings(profiles.profile_dir("slurm-trn1"))
+    big = config.validate({"preset": "llama-3-70b-trn1"}, whole=False)
+    (line,) = doctor.memory(big, spec, 70_553_706_496)
+    assert line.startswith("memory: init_model 64000, export_hf 128000, evaluate 64000 MB") and "70.6 B parameters" in line
+    assert "init_model: {mem_mb: 539306}" in line
+    assert doctor.memory(config.validate({"preset": "llama-2-7b-trn1"}, whole=False), spec, 6_738_415_616) == []
+    trn2 = profiles.profile_settings(profiles.profile_dir("slurm-trn2"))
+    assert doctor.memory(config.validate({}, whole=False), trn2, 70_553_706_496) == []

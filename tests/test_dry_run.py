@@ -150,16 +150,24 @@ def test_plan_gets_the_training_rules_slurm_runtime_and_attempts(dry_runs, profi
     assert int(got["attempts"]) == spec.get("retries", 0) + 1
 
 
+def dry_run(cwd, profile: str, *args: str) -> subprocess.CompletedProcess:
+    """`snakemake -n -p --profile profiles/<profile> ARGS` in `cwd`, offline; asserted to succeed."""
+    cmd = [*NO_NETWORK, sys.executable, "-m", "snakemake", "-n", "-p", "--profile", f"profiles/{profile}", *args]
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=OFFLINE_ENV, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
 def test_config_runtime_and_command_line_retries_reach_the_plan(checkout):
     """The config's resources (train) and --retries on the command line win over the profile's."""
-    proc = subprocess.run(
-        [*NO_NETWORK, sys.executable, "-m", "snakemake", "-n", "-p", "--profile", "profiles/slurm-local", "--retries", "5"]
-        + ["--config", "resources={train: {runtime: 1500}}"],
-        cwd=checkout,
-        capture_output=True,
-        text=True,
-        env=OFFLINE_ENV,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = dry_run(checkout, "slurm-local", "--retries", "5", "--config", "resources={train: {runtime: 1500}}")
     assert plan_time_limit(proc.stdout) == {"time-limit": "1500", "attempts": "6", "train-rule": "train_torch"}
+
+
+def test_verify_checks_the_view_the_run_trains_on_whatever_data_views_lists(checkout):
+    """data.views [megatron]: the trainer, plan and evaluate still read views/hf, which verify_data left
+    unchecked and unhashed in stats.json; now it verifies every view a job reads."""
+    proc = dry_run(checkout, "local", "--config", "data={views: [megatron]}")
+    (verify,) = [shlex.split(ln.removeprefix("Shell command:")) for ln in proc.stdout.splitlines() if " llmpipe verify " in ln]
+    views = verify[verify.index("--views") + 1 : verify.index("--tokenizer")]
+    assert [v.rsplit("/", 1)[-1] for v in views] == ["hf", "megatron"]

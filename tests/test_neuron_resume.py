@@ -67,5 +67,14 @@ def test_resume_false_removes_the_old_steps_so_merge_cannot_take_one(run):
     (nxd / "step_300").mkdir()  # a step cut short by a kill
     lr = merge(cfg, {"train": {"lr": cfg["train"]["lr"] * 2, "resume": False}})
     prepare(lr, init, view, nxd)
-    assert sorted(p.name for p in nxd.iterdir()) == [RECORD, "pretrained_weight"]  # neuron_shard's output kept
+    assert sorted(p.name for p in nxd.iterdir()) == [RECORD, "pretrained_weight", "restart.json"]  # neuron_shard's output kept
     assert json.loads((nxd / RECORD).read_text())["fingerprint"]["train"]["lr"] == lr["train"]["lr"]
+    # a retry of this restart (Slurm --retries, auto-resume: the same command) keeps the steps it trained:
+    # NxD resumes them (--loading_step latest_if_exists), it does not start over
+    trained(nxd, 100)
+    prepare(lr, init, view, nxd)
+    assert (nxd / "step_100").is_dir()
+    prepare(merge(lr, {"train": {"resume": True}}), init, view, nxd)  # the restart is over: a later resume false restarts again
+    assert (nxd / "step_100").is_dir() and not (nxd / "restart.json").exists()
+    prepare(lr, init, view, nxd)
+    assert not (nxd / "step_100").exists()

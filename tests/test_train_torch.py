@@ -1,6 +1,7 @@
 """Torch backend: loss goes down, bitwise resume, DDP (2 gloo processes) == 1 process, resume guard."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -169,3 +170,63 @@ def test_resume_keeps_this_runs_adamw_kernel(tmp_path):
     assert run.param_groups[0]["fused"] is True and saved.param_groups[0]["fused"] is None
     for p in model.parameters():
         assert torch.equal(run.state[p]["exp_avg"], saved.state[p]["exp_avg"])
+
+
+def test_validation_rows_are_shared_among_processes_and_capped(prepared):
+    """DDP validation: each process scores every world-th row, the (loss sum, tokens) pairs summed, so the
+    result is the whole split's (before, rank 0 scored all of it while the others waited in a barrier,
+    past the process group's timeout on a large split). eval.max_batches: the split's first rows only,
+    the same on any number of processes."""
+    import datasets
+    from transformers import AutoModelForCausalLM
+
+    from llmpipe.train.loss import dataset_loss
+
+    model = AutoModelForCausalLM.from_pretrained(str(prepared["init"]), dtype=torch.float32)
+    rows = datasets.load_from_disk(str(prepared["view"] / "train")).with_format("torch")
+    assert len(rows) >= 5
+    cpu = torch.device("cpu")
+    whole = dataset_loss(model, rows, 2, cpu)
+    pairs = []
+    keep = lambda pair: pairs.append(pair) or pair  # what an all-reduce would sum
+    for world in (2, 3):
+        pairs.clear()
+        parts = [dataset_loss(model, rows, 2, cpu, share=(r, world), reduce=keep) for r in range(world)]
+        assert all(tokens < whole[1] for _, tokens in parts)  # each scored a share, not the whole
+        total = sum(pairs)
+        assert int(total[1]) == whole[1] and float(total[0] / total[1]) == pytest.approx(
+            whole[0], rel=1e-6
+        )  # float32 forwards of other batches
+    first = dataset_loss(model, rows.select(range(4)), 2, cpu)
+    assert dataset_loss(model, rows, 2, cpu, max_batches=2) == pytest.approx(first, rel=1e-6)
+    pairs.clear()
+    for r in range(3):
+        dataset_loss(model, rows, 2, cpu, share=(r, 3), reduce=keep, max_batches=2)
+    assert int(sum(pairs)[1]) == first[1]
+
+
+def test_a_step_checkpoint_exports_and_a_mistyped_folder_is_one_line(prepared, baseline, tmp_path):
+    """A step folder carries config.json: `llmpipe export` takes it (the last step is the final model). A
+    path that is not a folder is one line, never a Hub download: from_pretrained took `runs/final` for a
+    repo id (~26 s of retries offline, then a traceback)."""
+    step = baseline / "ckpt" / "step_00000012"
+    cfg = json.dumps({"export": {"dtype": "float32"}})
+    llm = [sys.executable, "-m", "llmpipe"]
+    common = ["--config", cfg, "--tokenizer", str(prepared["tokenizer"]), "--manifest", str(prepared["manifest"])]
+    subprocess.run(
+        [*llm, "export", *common, "--trained", str(step), "--out", str(tmp_path / "hf")], check=True, capture_output=True
+    )
+    a, b = (load_file(str(p / "model.safetensors")) for p in (baseline / "final", tmp_path / "hf"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    for cmd in (
+        ["export", *common, "--trained", "runs/finall", "--out", str(tmp_path / "x")],
+        [*torch_train_args(prepared["cfg"], "runs/init", prepared["view"], *(tmp_path / n for n in "cmf"))],
+        [*torch_train_args(prepared["cfg"], prepared["init"], tmp_path / "nope", *(tmp_path / n for n in "cmf"))],
+    ):
+        proc = subprocess.run(
+            [*llm, *cmd], capture_output=True, text=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "0"}
+        )
+        assert proc.returncode != 0 and "Traceback" not in proc.stderr and "huggingface.co" not in proc.stderr, proc.stderr[
+            -2000:
+        ]
+        assert proc.stderr.strip().splitlines()[-1].endswith(": no such folder"), proc.stderr[-2000:]

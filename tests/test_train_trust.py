@@ -54,8 +54,8 @@ def test_damaged_newest_checkpoint_falls_back_to_the_older_intact_one(tmp_path, 
 
 
 def test_restart_replaces_the_old_runs_checkpoints(tmp_path, prepared):
-    """train.resume false restarts the run: its first checkpoint removes the old run's later steps (they
-    were kept as "the newest" before, so a rerun resumed the old run's step 6 and published its model)."""
+    """train.resume false restarts the run: the old run's steps are removed before it trains (they were
+    kept as "the newest" before, so a rerun resumed the old run's step 6 and published its model)."""
     assert run_train(prepared, tmp_path, SIX, "run").returncode == 0
     assert ckpt.complete_steps(tmp_path / "run-ck") == [2, 4, 6]
     restart = merge(SIX, {"train": {"resume": False}})
@@ -66,6 +66,28 @@ def test_restart_replaces_the_old_runs_checkpoints(tmp_path, prepared):
     assert again.returncode == 0, again.stderr[-2000:]
     assert "step_00000002 (step 2)" in again.stderr, again.stderr[-2000:]
     assert [r["step"] for r in map(json.loads, (tmp_path / "run.jsonl").read_text().splitlines())] == list(range(1, 7))
+
+
+def test_a_restarts_retry_resumes_the_restart_and_never_starts_over(tmp_path, prepared):
+    """A Slurm retry, --rerun-incomplete or auto-resume runs the same command, train.resume still false:
+    it resumes the restart's own checkpoints (before, every retry began again at step 0 and truncated the
+    metrics, so a restart longer than one job never finished). The result equals an uninterrupted run.
+    Setting resume true and then false again is a new restart."""
+    assert run_train(prepared, tmp_path, SIX, "whole").returncode == 0
+    assert run_train(prepared, tmp_path, merge(SIX, {"train": {"lr": 2e-3}}), "run").returncode == 0  # an old run
+    restart = merge(SIX, {"train": {"resume": False}})
+    first = run_train(prepared, tmp_path, restart, "run", stop_after=4)  # killed after step 4, say
+    assert first.returncode == 0 and ckpt.complete_steps(tmp_path / "run-ck") == [2, 4], first.stderr[-2000:]
+    retry = run_train(prepared, tmp_path, restart, "run")
+    assert retry.returncode == 0, retry.stderr[-2000:]
+    assert "goes on from its own checkpoints" in retry.stderr and "step_00000004 (step 4)" in retry.stderr
+    assert [r["step"] for r in map(json.loads, (tmp_path / "run.jsonl").read_text().splitlines())] == list(range(1, 7))
+    whole, run = (load_file(tmp_path / f"{n}-final" / "model.safetensors") for n in ("whole", "run"))
+    assert all(torch.equal(whole[k], run[k]) for k in whole)  # bitwise the uninterrupted run
+    assert run_train(prepared, tmp_path, SIX, "run").returncode == 0  # resume true: the restart is over
+    assert not (tmp_path / "run-ck" / "restart.json").exists()
+    anew = run_train(prepared, tmp_path, restart, "run", stop_after=2)
+    assert "removing the earlier run's checkpoints" in anew.stderr and ckpt.complete_steps(tmp_path / "run-ck") == [2]
 
 
 def test_every_checkpoint_damaged_is_refused_naming_the_way_out(tmp_path, prepared):

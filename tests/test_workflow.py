@@ -115,6 +115,14 @@ def test_embedded_default_end_to_end(workdir):
     # a setting of a view this run does not build (litgpt's file size; views: [hf]) reruns nothing
     other = snakemake(workdir, "-n", "--config", "data={litgpt_sequences_per_file: 7}", timeout=120)
     assert other.returncode == 0 and "Nothing to be done" in other.stdout + other.stderr, other.stdout[-2000:]
+    # settings that do not change the trained model rerun no training (nor export, evaluate): they reran it all
+    neutral = "train={log_interval: 7, keep_checkpoints: 3, threads: 1, micro_batch_size: 2}"
+    dry = snakemake(workdir, "-n", "--config", neutral, timeout=120)
+    assert dry.returncode == 0 and "rule train_torch:" not in dry.stdout and "rule export_hf:" not in dry.stdout, dry.stdout[
+        -3000:
+    ]
+    lr = snakemake(workdir, "-n", "--config", "train={lr: 0.0021}", timeout=120)  # one that does: refused at parse
+    assert lr.returncode != 0 and "train.lr" in lr.stdout + lr.stderr, (lr.stdout + lr.stderr)[-2000:]
 
     # a changed tokenizer in the same run folder stops before any job (run-identity.json), naming the way out
     (workdir / "smaller-vocab.yaml").write_text("tokenizer: {vocab_size: 2048}\n")

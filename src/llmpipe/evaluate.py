@@ -14,6 +14,7 @@ from llmpipe import backends
 from llmpipe import config as cfgmod
 from llmpipe.data.tokenizer import TokenizerMismatch, check_same_tokenizer
 from llmpipe.io import write_json
+from llmpipe.model.folder import FolderError, model_folder, view_folder
 from llmpipe.train.documents import attention_kernel, masking_wanted
 from llmpipe.train.loss import dataset_loss
 
@@ -28,8 +29,13 @@ def evaluate(
     import datasets
     from transformers import AutoModelForCausalLM
 
-    recorded = json.loads((Path(view_dir) / "view.json").read_text()).get("tokenizer_sha256")
+    model_dir, view_dir = model_folder(model_dir, "--model"), view_folder(view_dir, "--data")
+    recorded = json.loads((view_dir / "view.json").read_text()).get("tokenizer_sha256")
     if recorded:  # the model's tokenizer is the one the scored tokens were made with
+        if not (Path(model_dir) / "tokenizer.json").is_file():
+            raise FolderError(
+                f"--model {model_dir}: no tokenizer.json to check against the view's (score an exported model: llmpipe export)"
+            )
         check_same_tokenizer(model_dir, recorded, f"the view {view_dir}")
     torch.set_num_threads(threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -41,7 +47,11 @@ def evaluate(
     attention = attention_kernel(device, masking)
     log.info("evaluate on %s: document masking %s, attention %s", device.type, "on" if masking else "off", attention)
     model = AutoModelForCausalLM.from_pretrained(
-        str(model_dir), dtype=torch.float32, attn_implementation=attention, trust_remote_code=False
+        model_dir,
+        dtype=torch.float32,
+        attn_implementation=attention,
+        trust_remote_code=False,
+        local_files_only=True,
     ).to(device)
     loss, tokens = dataset_loss(model, val, batch_size, device, progress="evaluate", document_masking=masking)
     if not math.isfinite(loss):
@@ -76,5 +86,5 @@ def main(argv: list[str] | None = None) -> None:
         masks = backends.get(cfg["train"]["backend"]).document_masking
         masking = cfg["train"]["document_masking"] if masks else False
         evaluate(args.model, args.data, args.out, cfg["eval"]["batch_size"], args.threads, masking)
-    except TokenizerMismatch as exc:
+    except (TokenizerMismatch, FolderError) as exc:
         raise SystemExit(f"llmpipe evaluate: {exc}") from None

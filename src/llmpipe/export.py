@@ -12,6 +12,7 @@ import torch
 from llmpipe import config as cfgmod
 from llmpipe.data.tokenizer import TokenizerMismatch, check_same_tokenizer, copy_tokenizer_files, load_tokenizer
 from llmpipe.io import atomic_path
+from llmpipe.model.folder import FolderError, model_folder
 from llmpipe.model.hf_compat import legacy_readable
 
 log = logging.getLogger(__name__)
@@ -39,9 +40,10 @@ def export(
 ) -> None:
     from transformers import AutoModelForCausalLM
 
+    trained = model_folder(trained, "--trained")
     check_tokenizer(trained, tokenizer_dir, manifest)
 
-    model = AutoModelForCausalLM.from_pretrained(str(trained), dtype=torch.float32, trust_remote_code=False)
+    model = AutoModelForCausalLM.from_pretrained(trained, dtype=torch.float32, trust_remote_code=False, local_files_only=True)
     model = model.to(DTYPES[dtype])
     tok = load_tokenizer(tokenizer_dir)
     bad = [name for name, t in model.state_dict().items() if t.is_floating_point() and not torch.isfinite(t).all()]
@@ -69,5 +71,5 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     try:
         export(args.trained, args.tokenizer, args.out, cfgmod.load(args.config)["export"]["dtype"], args.manifest)
-    except TokenizerMismatch as exc:
+    except (TokenizerMismatch, FolderError) as exc:
         raise SystemExit(f"llmpipe export: {exc}") from None

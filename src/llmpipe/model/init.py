@@ -72,7 +72,12 @@ def load_base(base: str | Path, allow_pickle: bool):
     use_safetensors = weights_format(base, allow_pickle)
     try:
         return AutoModelForCausalLM.from_pretrained(
-            str(base), trust_remote_code=False, dtype=torch.float32, use_safetensors=use_safetensors, weights_only=True
+            str(base),
+            trust_remote_code=False,
+            dtype=torch.float32,
+            use_safetensors=use_safetensors,
+            weights_only=True,
+            local_files_only=True,
         )
     except (pickle.UnpicklingError, OSError, RuntimeError) as exc:
         if use_safetensors or not (isinstance(exc, pickle.UnpicklingError) or "Weights only load failed" in str(exc)):

@@ -56,10 +56,18 @@ def dataset_loss(
     autocast_dtype=None,
     progress: str | None = None,
     document_masking: bool = False,
+    share: tuple[int, int] = (0, 1),
+    reduce=None,
+    max_batches: int | None = None,
 ) -> tuple[float, int]:
     """Token-weighted mean loss over a whole view split, and the number of predicted tokens
     (with a progress bar named `progress`, if given; with `document_masking`, each document of a packed
-    row on its own, as the torch trainer trains it: llmpipe.train.documents)."""
+    row on its own, as the torch trainer trains it: llmpipe.train.documents).
+
+    `share` (rank, world): this process scores rows rank, rank + world, ..., in as many forwards as the rank
+    with the most (a row that counts for nothing once its own ran out: FSDP2 gathers weights in each
+    forward, so every rank must make them); `reduce` sums the (loss sum, tokens) pair over the processes.
+    `max_batches`: only the split's first max_batches * batch_size rows (the same rows on any world size)."""
     from tqdm import tqdm
 
     from llmpipe.train.documents import SDPA, kernel_of, model_inputs
@@ -67,17 +75,23 @@ def dataset_loss(
     kernel = kernel_of(model) if document_masking else SDPA
     was_training = model.training
     model.eval()
+    rank, world = share
+    size = len(dataset) if max_batches is None else min(len(dataset), max_batches * batch_size)
+    rows = range(rank, size, world)
     total, count = torch.zeros((), dtype=torch.float64), 0
-    starts = range(0, len(dataset), batch_size)
+    starts = range(0, -(-size // world), batch_size)  # the rows of the rank with the most
     for start in tqdm(starts, desc=progress, unit=" batches", mininterval=10, disable=progress is None):
-        batch = dataset[start : start + batch_size]
+        ids = rows[start : start + batch_size]
+        batch = dataset[ids.start : ids.stop] if world == 1 else dataset[list(ids) or [0]]
+        labels = batch["labels"] if len(ids) else torch.full_like(batch["labels"], IGNORE_INDEX)
         with torch.autocast(device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
-            loss, n = lm_loss_sum(
-                model, labels=batch["labels"].to(device), **model_inputs(batch, device, document_masking, kernel)
-            )
+            loss, n = lm_loss_sum(model, labels=labels.to(device), **model_inputs(batch, device, document_masking, kernel))
         total += loss.double().cpu()
         count += int(n)
     model.train(was_training)
+    if reduce is not None:
+        total, count = reduce(torch.stack([total, torch.tensor(float(count), dtype=torch.float64)])).tolist()
+        count = int(count)
     if count == 0:
         raise ValueError("validation data has no labelled tokens")
     return float(total / count), count

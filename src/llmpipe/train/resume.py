@@ -14,7 +14,7 @@ import json
 import logging
 from pathlib import Path
 
-from llmpipe.io import sha256_file
+from llmpipe.io import sha256_file, write_json
 from llmpipe.train.checkpoint import CheckpointError, complete_steps, newest_intact, step_dir
 
 log = logging.getLogger(__name__)
@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 # train.* keys that may change between a checkpoint and its resume without changing the result.
 RESUME_NEUTRAL = {
     "launcher",
+    "micro_batch_size",  # gradient accumulation only: the same rows per step (as a changed process count)
     "threads",
     "log_interval",
     "save_interval",
@@ -34,6 +35,7 @@ RESUME_NEUTRAL = {
     "compile",  # the same math, kernels fused (resuming eager <-> compiled is fine)
 }
 IDENTITY = ("init_sha256", "view")  # fingerprint entries that are not settings
+RESTART = "restart.json"  # in a checkpoint root: the fingerprint of the train.resume false restart begun there
 
 
 def train_settings(cfg: dict) -> dict:
@@ -80,13 +82,44 @@ def check_fingerprint(old: dict, new: dict, path: Path, root: Path) -> None:
     )
 
 
-def resume_state(root: Path, t: dict, fp: dict, main: bool = True) -> tuple[Path, dict] | None:
+def begin_restart(root: Path, fp: dict) -> bool:
+    """train.resume false, before training reads `root`: a restart from the initial model happens once.
+    True: it begins now (the earlier run's step_* folders removed, then RESTART records `fp`); False: a
+    restart under this fingerprint began here already, so this is its retry or rerun (a Slurm retry,
+    --rerun-incomplete, auto-resume run the same command): it resumes its own checkpoints, never starts
+    over again. Each backend's checkpoints are step_* folders under `root` (ours, NxD's)."""
+    import shutil
+
+    marker = root / RESTART
+    if marker.is_file() and json.loads(marker.read_text()).get("fingerprint") == fp:
+        log.info("train.resume is false: the restart recorded in %s goes on from its own checkpoints", marker)
+        return False
+    old = sorted(p for p in root.iterdir() if p.name.startswith("step_")) if root.is_dir() else []
+    if old:
+        log.info("train.resume is false: removing the earlier run's checkpoints in %s (%s)", root, ", ".join(p.name for p in old))
+    for path in old:
+        shutil.rmtree(path)
+    root.mkdir(parents=True, exist_ok=True)
+    write_json(marker, {"fingerprint": fp})
+    return True
+
+
+def end_restart(root: Path) -> None:
+    """train.resume true again: a later resume false is a new restart."""
+    (root / RESTART).unlink(missing_ok=True)
+
+
+def resume_state(root: Path, t: dict, fp: dict, main: bool = True, barrier=lambda: None) -> tuple[Path, dict] | None:
     """(step folder, trainer_state.json) of the newest intact checkpoint to resume, checked against `fp`;
-    None to start from the initial model (none there, or train.resume false)."""
-    if not t["resume"]:
-        if main and complete_steps(root):
-            log.info("train.resume is false: ignoring checkpoints in %s", root)
-        return None
+    None to start from the initial model (none there). Under train.resume false the main rank first
+    begins the restart or finds it begun (`begin_restart`); `barrier`: the other ranks wait for that."""
+    if t["resume"]:
+        if main:
+            end_restart(root)
+    else:
+        if main:
+            begin_restart(root, fp)
+        barrier()
     path = newest_intact(root)  # damaged steps are named and skipped
     if path is None:
         return None

@@ -13,6 +13,9 @@ def load_view(data_dir: Path, t: dict):
     when one global batch is more than the whole train split."""
     import datasets
 
+    from llmpipe.model.folder import view_folder
+
+    data_dir = view_folder(data_dir, "--data")
     train_ds = datasets.load_from_disk(str(data_dir / "train"))
     val_ds = datasets.load_from_disk(str(data_dir / "val"))
     if len(train_ds[0]["input_ids"]) != t["seq_len"]:

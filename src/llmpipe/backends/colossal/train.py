@@ -40,6 +40,7 @@ from llmpipe.backends.colossal.checkpoint import Saver, optimizer_name
 from llmpipe.backends.colossal.checks import layout_of, resume_layout
 from llmpipe.backends.colossal.collate import collate
 from llmpipe.backends.colossal.steps import Layout, PipelineLoss, counts_nothing, to_device
+from llmpipe.model.folder import model_folder
 from llmpipe.train.batching import Sampler, grad_accum_steps
 from llmpipe.train.checkpoint import CheckpointError
 from llmpipe.train.cli import trainer_parser
@@ -208,7 +209,11 @@ def load_model(init_dir: Path, attn: str, gradient_checkpointing: bool):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(
-        str(init_dir), torch_dtype=torch.float32, attn_implementation=attn, trust_remote_code=False
+        model_folder(init_dir, "--init"),
+        torch_dtype=torch.float32,
+        attn_implementation=attn,
+        trust_remote_code=False,
+        local_files_only=True,
     )
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -262,7 +267,7 @@ class Trainer:
 
     def resume(self) -> int:
         """Restore the newest intact checkpoint of this setup and layout; its step."""
-        found = resume_state(self.ckpt_root, self.t, self.fp, self.main)
+        found = resume_state(self.ckpt_root, self.t, self.fp, self.main, dist.barrier)
         if found is None:
             return 0
         path, state = found
@@ -370,14 +375,16 @@ class Trainer:
 
     @torch.no_grad()
     def validate(self) -> tuple[float, int]:
-        """Token-weighted mean loss over the whole validation split, rows shared among data-parallel
+        """Token-weighted mean loss over the validation split (eval.max_batches), rows shared among data-parallel
         ranks (every rank runs the forward: Gemini / ZeRO / tp shard the weights)."""
         was = self.model.training
         self.model.eval()
         total = torch.zeros((), dtype=torch.float64, device=self.device)
         count = torch.zeros((), dtype=torch.float64, device=self.device)
-        rows, size = list(range(self.lay.dp_rank, len(self.val_ds), self.lay.dp_size)), self.cfg["eval"]["batch_size"]
-        most = -(-len(self.val_ds) // self.lay.dp_size)  # the rows of the rank with the most
+        size, cap = self.cfg["eval"]["batch_size"], self.cfg["eval"].get("max_batches")
+        scored = len(self.val_ds) if cap is None else min(len(self.val_ds), cap * size)
+        rows = list(range(self.lay.dp_rank, scored, self.lay.dp_size))
+        most = -(-scored // self.lay.dp_size)  # the rows of the rank with the most
         for start in range(0, most, size):  # as many forwards on every rank: Gemini gathers weights in each
             batch = collate(self.val_ds[rows[start : start + size] or [0]])
             if start >= len(rows):  # this rank's rows ran out: a row that counts for nothing

@@ -305,7 +305,7 @@ def tp_pp_flags(cfg: dict, init: str, data: str, checkpoint_dir: str, metrics: s
         "--checkpoint_dir": checkpoint_dir,
         "--checkpoint_freq": -1 if extract else t["save_interval"],
         "--num_kept_checkpoint": t["keep_checkpoints"],
-        "--loading_step": "latest_if_exists" if t["resume"] else "-1",
+        "--loading_step": "latest_if_exists",  # train.resume false: prepare() removed the old run's steps once
         "--pretrained_weight": 1,
         "--save_load_xser": int(n["save_xser"]),
         "--tb_dir": tb_dir,
@@ -352,7 +352,7 @@ def zero1_flags(cfg: dict, init: str, data: str, checkpoint_dir: str, metrics: s
         "--checkpoint_dir": checkpoint_dir,
         "--checkpoint_freq": -1 if extract else t["save_interval"],
         "--num_kept_checkpoint": t["keep_checkpoints"],
-        "--loading_step": "latest_if_exists" if t["resume"] else "-1",
+        "--loading_step": "latest_if_exists",  # train.resume false: prepare() removed the old run's steps once
         "--logging_interval": t["log_interval"],
         **{k: True for k, on in switches.items() if on},
     }
@@ -435,7 +435,7 @@ def main(argv: list[str] | None = None, phase: str = "train") -> None:
         check_inputs(cfg, args.init, args.data, args.checkpoint_dir)
         if phase == "train":
             prepare(cfg, Path(args.init), Path(args.data), Path(args.checkpoint_dir))
-        if phase == "train" and script_kind(cfg) == "tp_zero1" and t["resume"] and any(Path(args.checkpoint_dir).glob("step_*")):
+        if phase == "train" and script_kind(cfg) == "tp_zero1" and any(Path(args.checkpoint_dir).glob("step_*")):
             log.warning(
                 "resuming with %s: it restores the step, weights and optimizer but reads the data from its start "
                 "again (its loop skips no batches; run_llama_nxd.py does): the first steps' sequences are seen twice",

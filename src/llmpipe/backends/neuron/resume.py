@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import shutil
 from pathlib import Path
 
 from llmpipe.io import write_json
@@ -55,18 +54,16 @@ def newest_state(root: Path) -> tuple[Path, dict] | None:
 
 def prepare(cfg: dict, init_dir: Path, view_dir: Path, ckpt_dir: Path) -> None:
     """Before training is launched: refuse steps trained under another fingerprint (train.resume true), or
-    remove every old step (false); then record this run's fingerprint."""
-    from llmpipe.train.resume import check_fingerprint, fingerprint
+    remove every old step once (false: llmpipe.train.resume.begin_restart); then record this run's fingerprint."""
+    from llmpipe.train.resume import begin_restart, check_fingerprint, end_restart, fingerprint
 
     fp = fingerprint(cfg, init_dir, view_dir, **resume_sections(cfg))
-    steps = sorted(p for p in ckpt_dir.iterdir() if STEP_RE.match(p.name)) if ckpt_dir.is_dir() else []
     if not cfg["train"]["resume"]:
-        if steps:
-            log.info("train.resume is false: removing %d old checkpoints (%s)", len(steps), ", ".join(p.name for p in steps))
-        for p in steps:
-            shutil.rmtree(p)
-    elif (found := recorded(ckpt_dir)) is not None:
-        check_fingerprint(found[1]["fingerprint"], fp, found[0], ckpt_dir)
-    elif complete_steps(ckpt_dir):
-        log.warning("%s: steps without %s (written before it was recorded): resumed unchecked", ckpt_dir, RECORD)
+        begin_restart(ckpt_dir, fp)  # once: a retry of this restart resumes its steps (--loading_step latest_if_exists)
+    else:
+        end_restart(ckpt_dir)
+        if (found := recorded(ckpt_dir)) is not None:
+            check_fingerprint(found[1]["fingerprint"], fp, found[0], ckpt_dir)
+        elif complete_steps(ckpt_dir):
+            log.warning("%s: steps without %s (written before it was recorded): resumed unchecked", ckpt_dir, RECORD)
     write_json(ckpt_dir / RECORD, {"fingerprint": fp})

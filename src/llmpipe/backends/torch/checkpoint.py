@@ -1,5 +1,6 @@
-"""The torch trainer's checkpoint contents: step_XXXXXXXX/ with model (safetensors), optimizer, scheduler,
-RNG and the trainer state (step, fingerprint). Steps, sealing, verification and pruning are the shared
+"""The torch trainer's checkpoint contents: step_XXXXXXXX/ with model (safetensors and config.json: a
+Hugging Face model folder `llmpipe export` takes), optimizer, scheduler, RNG and the trainer state (step,
+fingerprint). Steps, sealing, verification and pruning are the shared
 llmpipe.train.checkpoint's; this module builds a step under a temporary name, seals it, renames it into
 place, and restores it.
 
@@ -21,6 +22,7 @@ import torch
 from safetensors.torch import load_model, save_model
 
 from llmpipe.io import atomic_path
+from llmpipe.model.hf_compat import legacy_readable
 from llmpipe.train.checkpoint import prune, seal, step_dir
 from llmpipe.train.optim import kernel_kept
 
@@ -32,6 +34,9 @@ def save(root: Path, step: int, model, optimizer, scheduler, state: dict, keep: 
     with atomic_path(target) as tmp:
         tmp.mkdir(parents=True)
         save_model(model, str(tmp / "model.safetensors"))  # handles tied (shared) weights
+        if getattr(model, "config", None) is not None:  # a transformers model: the step is a model folder too
+            model.config.to_json_file(tmp / "config.json")
+            legacy_readable(tmp)
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         _seal(tmp, step, scheduler, state)
     _published(root, target, step, keep, "")

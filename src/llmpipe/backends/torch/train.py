@@ -29,6 +29,7 @@ from llmpipe import config as cfgmod
 from llmpipe.backends.torch import BACKEND
 from llmpipe.backends.torch import checkpoint as ckpt
 from llmpipe.io import atomic_path, write_json
+from llmpipe.model.folder import model_folder
 from llmpipe.model.hf_compat import legacy_readable
 from llmpipe.train.batching import Sampler, grad_accum_steps
 from llmpipe.train.checkpoint import CheckpointError
@@ -97,7 +98,11 @@ def load_model(init_dir: Path, device: torch.device, activation_checkpointing: b
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(
-        str(init_dir), dtype=torch.float32, attn_implementation=attention, trust_remote_code=False
+        model_folder(init_dir, "--init"),
+        dtype=torch.float32,
+        attn_implementation=attention,
+        trust_remote_code=False,
+        local_files_only=True,
     ).to(device)
     if activation_checkpointing:  # recompute each decoder layer in backward (non-reentrant: DDP, FSDP2, compile)
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -166,9 +171,14 @@ class Trainer:
         self.rows: Prefetcher | None = None
         self.data_wait_s = self.step_s = 0.0
 
+    @property
+    def plain_parallel(self) -> str:
+        """Without zero 3: DDP over several processes, else one process (it was called DDP too)."""
+        return "DDP" if self.env.world > 1 else "none (1 process)"
+
     def resume(self) -> int:
         """Restore the newest intact checkpoint of this setup (weights, optimizer, schedule, RNG); its step."""
-        found = resume_state(self.ckpt_root, self.t, self.fp, self.env.main)
+        found = resume_state(self.ckpt_root, self.t, self.fp, self.env.main, self.env.barrier)
         if found is None:
             return 0
         self.guard.restore(found[1])
@@ -192,7 +202,7 @@ class Trainer:
                 "world %d (%s), micro batch %d, grad accumulation %d, global batch %d, precision %s, %d parameters, "
                 "document masking %s, attention %s, compile %s, activation checkpointing %s, prefetch %d",
                 self.env.world,
-                "FSDP2" if self.shard else "zero 3 with 1 process: not sharded" if self.fsdp else "DDP",
+                "FSDP2" if self.shard else "zero 3 with 1 process: not sharded" if self.fsdp else self.plain_parallel,
                 self.t["micro_batch_size"],
                 self.accum,
                 self.t["global_batch_size"],
@@ -261,16 +271,25 @@ class Trainer:
         return loss_sum
 
     def evaluate(self) -> tuple[float, int]:
+        """The validation loss, its rows shared among the processes (each scores every world-th row; the sums
+        all-reduced): under DDP the other ranks no longer wait in a barrier, past the process group's
+        timeout on a large split, while rank 0 scores all of it."""
+        e = self.cfg["eval"]
         return dataset_loss(
-            self.model, self.val_ds, self.cfg["eval"]["batch_size"], self.env.device, self.amp, document_masking=self.masking
+            self.model,
+            self.val_ds,
+            e["batch_size"],
+            self.env.device,
+            self.amp,
+            document_masking=self.masking,
+            share=(self.env.rank, self.env.world),
+            reduce=(lambda pair: self.env.sum(pair.to(self.env.device)).cpu()) if self.env.world > 1 else None,
+            max_batches=e["max_batches"],
         )
 
-    def validate(self) -> tuple[float, int] | None:
-        """Validation on the main rank (DDP: the model is whole on every rank); under FSDP2 every rank runs
-        it (each layer's weights are gathered from all ranks)."""
-        val = self.evaluate() if self.env.main or self.fsdp else None
-        self.env.barrier()
-        return val  # under FSDP2 on every rank, so that every rank agrees whether finish() validates again
+    def validate(self) -> tuple[float, int]:
+        """Validation on every rank (the same result on each)."""
+        return self.evaluate()
 
     def save(self, step: int) -> None:
         state = {"fingerprint": self.fp, **self.guard.state()}
@@ -298,10 +317,10 @@ class Trainer:
             "world_size": self.env.world,
             "precision": str(self.amp or "fp32"),
             "resumed_from_step": start,
-            "data_parallel": "fsdp2" if self.shard else "none (zero 3, 1 process)" if self.fsdp else "ddp",
+            "data_parallel": "fsdp2" if self.shard else "none (zero 3, 1 process)" if self.fsdp else self.plain_parallel.lower(),
             "document_masking": self.masking,
         }
-        if last_val is None and (self.env.main or self.fsdp):  # resumed at max_steps: still report validation
+        if last_val is None:  # resumed at max_steps: still report validation (every rank: rows are shared)
             summary["final_val_loss"], _ = self.evaluate()
         state_dict = None
         if self.shard:  # the whole weights, gathered from every rank's shards (collective)

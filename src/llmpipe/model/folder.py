@@ -1,0 +1,31 @@
+"""Local folders a step reads, checked before transformers or datasets does: from_pretrained takes a path
+that does not exist for a Hugging Face Hub repo id (`runs/final` is one), so a typo would download, or
+offline retry for ~26 s and end in a traceback; every local model load passes local_files_only too."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class FolderError(ValueError):
+    """A local input folder that is missing or lacks what the step reads: one line naming the flag."""
+
+
+def model_folder(path: str | Path, flag: str) -> str:
+    """`path` as from_pretrained's argument, once it is a folder with config.json; else FolderError."""
+    _folder(path, flag, "config.json", "a Hugging Face model folder")
+    return str(path)
+
+
+def view_folder(path: str | Path, flag: str) -> Path:
+    """`path` once it holds an hf view's train/ and val/ splits (llmpipe pack); else FolderError."""
+    for split in ("train", "val"):
+        _folder(path, flag, f"{split}/dataset_info.json", "an hf data view (llmpipe pack)")
+    return Path(path)
+
+
+def _folder(path: str | Path, flag: str, needed: str, what: str) -> None:
+    if not Path(path).is_dir():
+        raise FolderError(f"{flag} {path}: no such folder")
+    if not (Path(path) / needed).is_file():
+        raise FolderError(f"{flag} {path}: no {needed} (not {what})")
