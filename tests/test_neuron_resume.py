@@ -78,3 +78,13 @@ def test_resume_false_removes_the_old_steps_so_merge_cannot_take_one(run):
     assert (nxd / "step_100").is_dir() and not (nxd / "restart.json").exists()
     prepare(lr, init, view, nxd)
     assert not (nxd / "step_100").exists()
+
+
+def test_a_restart_trains_with_latest_if_exists_and_extracts_from_no_checkpoint():
+    """train.resume false: training asks NxD for its newest step (prepare() removed the old run's once, so
+    a retry resumes the restart; "-1" made every retry start over); extraction, before prepare, none."""
+    from llmpipe.backends.neuron.commands import loading_step
+
+    assert loading_step({"resume": False}, extract=False) == "latest_if_exists"
+    assert loading_step({"resume": False}, extract=True) == "-1"
+    assert loading_step({"resume": True}, extract=True) == loading_step({"resume": True}, extract=False) == "latest_if_exists"

@@ -357,7 +357,7 @@ def memory(cfg: dict, spec: dict, params: int | None) -> list[str]:
     need_mb = (WHOLE_MODEL_BYTES * params + GIB) // 2**20
     res = dict(_named_resources(spec, cfg))
     short = [(r, res.get(r, res["default"]).get("mem_mb")) for r in WHOLE_MODEL_RULES]
-    short = [(r, mb) for r, mb in short if mb is not None and int(mb) < need_mb]
+    short = [(r, mb) for r, mb in short if str(mb).isdigit() and int(mb) < need_mb]  # mem_mb is MB (an int)
     if not short:
         return []
     given = ", ".join(f"{r} {mb}" for r, mb in short)

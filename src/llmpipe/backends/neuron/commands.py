@@ -271,6 +271,12 @@ def trainer_args(
     return out
 
 
+def loading_step(t: dict, extract: bool) -> str:
+    """Training resumes its newest step: under train.resume false, prepare() removed the old run's steps
+    once, so a retry resumes the restart. Extraction (precompile, before prepare) loads none then."""
+    return "-1" if extract and not t["resume"] else "latest_if_exists"
+
+
 def tp_pp_flags(cfg: dict, init: str, data: str, checkpoint_dir: str, metrics: str, tb_dir: str, extract: bool) -> dict:
     t, n, p = cfg["train"], cfg["neuron"], cfg["parallel"]
     layout = layout_of(cfg)
@@ -305,7 +311,7 @@ def tp_pp_flags(cfg: dict, init: str, data: str, checkpoint_dir: str, metrics: s
         "--checkpoint_dir": checkpoint_dir,
         "--checkpoint_freq": -1 if extract else t["save_interval"],
         "--num_kept_checkpoint": t["keep_checkpoints"],
-        "--loading_step": "latest_if_exists",  # train.resume false: prepare() removed the old run's steps once
+        "--loading_step": loading_step(t, extract),
         "--pretrained_weight": 1,
         "--save_load_xser": int(n["save_xser"]),
         "--tb_dir": tb_dir,
@@ -352,7 +358,7 @@ def zero1_flags(cfg: dict, init: str, data: str, checkpoint_dir: str, metrics: s
         "--checkpoint_dir": checkpoint_dir,
         "--checkpoint_freq": -1 if extract else t["save_interval"],
         "--num_kept_checkpoint": t["keep_checkpoints"],
-        "--loading_step": "latest_if_exists",  # train.resume false: prepare() removed the old run's steps once
+        "--loading_step": loading_step(t, extract),
         "--logging_interval": t["log_interval"],
         **{k: True for k, on in switches.items() if on},
     }
