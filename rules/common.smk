@@ -66,7 +66,8 @@ UNBUILT = tuple(f"data.{k}" for k in VIEW_KEYS if all(k not in FORMAT_KEYS[f] fo
 # Every job runs `python -m llmpipe` from this checkout (no install needed inside conda envs).
 # Paths and config values reach the shell only quoted (`:q` in every rule, shlex.quote here).
 SRC = shlex.quote(str(Path(workflow.basedir) / "src"))
-shell.prefix(f"set -euo pipefail; export PYTHONPATH={SRC}${{{{PYTHONPATH:+:$PYTHONPATH}}}}; ")
+TO_LOGS = 'to_logs() {{ printf \'== attempt started %s on %s\\n\' "$(date -u +%FT%TZ)" "$(hostname)" >> "$1"; tee -a "$1"; }}; '
+shell.prefix(f"set -euo pipefail; export PYTHONPATH={SRC}${{{{PYTHONPATH:+:$PYTHONPATH}}}}; {TO_LOGS}")
 
 
 def cfg_json(*keys, drop=()):
@@ -99,6 +100,14 @@ def train_cfg_json(*keys, keep=()):
         "settings": cfg_json(*keys, drop=tuple(k for k in TRAIN_NEUTRAL if k not in keep)),
         "cfg": lambda wildcards, input: text,
     }
+
+
+def attempts_log(rule_name):
+    """A training rule's history of attempts: its shell ends `2>&1 | to_logs {params.attempts:q} > {log:q}`
+    (to_logs: the shell prefix), its output in its log and appended here after one header line per attempt:
+    Snakemake removes a job's log before each run, so a failed attempt's log (a Slurm retry's, an
+    interrupted run's) was gone once the next one began."""
+    return f"{RUN}/logs/{rule_name}.attempts.log"
 
 
 def view_cfg(wildcards):

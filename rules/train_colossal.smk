@@ -33,9 +33,10 @@ rule train_colossal:
         cfg_file=f"{RUN}/train/colossal-config.json",
         checkpoints=lambda wildcards, output: Path(output[0]).parent,
         metrics=f"{RUN}/train/metrics.jsonl",
+        attempts=attempts_log("train_colossal"),
     shell:
         # The config goes through a file: `colossalai run` joins arguments into one shell line.
         "mkdir -p $(dirname {params.cfg_file:q}) && printf '%s' {params.cfg:q} > {params.cfg_file:q} && "
         "{params.launch} llmpipe colossal-train --config {params.cfg_file:q} --init {input.init:q} --data {input.data:q}"
         " --tokenizer {input.tokenizer:q} --checkpoints {params.checkpoints:q} --metrics {params.metrics:q} --out {output:q}"
-        " > {log:q} 2>&1"
+        " 2>&1 | to_logs {params.attempts:q} > {log:q}"

@@ -58,6 +58,7 @@ rule train_levanter:
         python=config["levanter"]["python"],
         platforms=config["levanter"]["jax_platforms"],
         metrics=f"{RUN}/train/metrics.jsonl",
+        attempts=attempts_log("train_levanter"),
     shell:
         "{params.python:q} -m llmpipe levanter-train --levanter-config {input.config:q}/config.yaml --out {output:q}"
-        " --metrics {params.metrics:q} --jax-platforms {params.platforms:q} > {log:q} 2>&1"
+        " --metrics {params.metrics:q} --jax-platforms {params.platforms:q} 2>&1 | to_logs {params.attempts:q} > {log:q}"

@@ -46,10 +46,11 @@ rule neuron_precompile:
         **train_cfg_json(*NEURON_RUN, keep=("train.micro_batch_size",)),  # the compiled graphs' shapes
         ckpt=lambda wildcards, input: Path(input.shards).parent,
         metrics=f"{RUN}/train/nxd_precompile_metrics.json",
+        attempts=attempts_log("neuron_precompile"),
         tb=f"{RUN}/train/tensorboard_precompile",
     shell:
         "python -m llmpipe neuron-precompile --config {params.cfg:q} --init {input.init:q} --data {input.data:q}"
-        " --checkpoint-dir {params.ckpt:q} --metrics {params.metrics:q} --tb-dir {params.tb:q} --out {output:q} > {log:q} 2>&1"
+        " --checkpoint-dir {params.ckpt:q} --metrics {params.metrics:q} --tb-dir {params.tb:q} --out {output:q} 2>&1 | to_logs {params.attempts:q} > {log:q}"
 
 
 rule train_neuron:
@@ -70,10 +71,11 @@ rule train_neuron:
         **train_cfg_json(*NEURON_RUN),
         ckpt=lambda wildcards, input: Path(input.shards).parent,
         metrics=f"{RUN}/train/nxd_metrics.json",
+        attempts=attempts_log("train_neuron"),
         tb=f"{RUN}/train/tensorboard",
     shell:
         "python -m llmpipe neuron-train --config {params.cfg:q} --init {input.init:q} --data {input.data:q}"
-        " --checkpoint-dir {params.ckpt:q} --metrics {params.metrics:q} --tb-dir {params.tb:q} --out {output:q} > {log:q} 2>&1"
+        " --checkpoint-dir {params.ckpt:q} --metrics {params.metrics:q} --tb-dir {params.tb:q} --out {output:q} 2>&1 | to_logs {params.attempts:q} > {log:q}"
 
 
 rule neuron_merge:

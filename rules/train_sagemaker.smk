@@ -33,8 +33,10 @@ rule train_sagemaker:
     conda:
         "../envs/sagemaker.yaml"
     params:
-        cfg=cfg_json("run", "data.views", "train", "parallel", "eval", "sagemaker"),
+        # micro_batch_size stays a trigger: a marketplace algorithm's MICRO_BATCH_SIZE
+        **train_cfg_json("run", "data.views", "train", "parallel", "eval", "sagemaker", keep=("train.micro_batch_size",)),
         metrics=f"{RUN}/train/metrics.jsonl",
+        attempts=attempts_log("train_sagemaker"),
     shell:
         "python -m llmpipe sagemaker-train --config {params.cfg:q} --inputs {input.inputs:q}"
-        " --metrics {params.metrics:q} --out {output:q} > {log:q} 2>&1"
+        " --metrics {params.metrics:q} --out {output:q} 2>&1 | to_logs {params.attempts:q} > {log:q}"

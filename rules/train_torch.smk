@@ -22,7 +22,8 @@ rule train_torch:
         launch=launch_prefix(),
         checkpoints=lambda wildcards, output: Path(output[0]).parent,
         metrics=f"{RUN}/train/metrics.jsonl",
+        attempts=attempts_log("train_torch"),
     shell:
         "{params.launch} -- -m llmpipe torch-train"
         " --config {params.cfg:q} --init {input.init:q} --data {input.data:q} --checkpoints {params.checkpoints:q}"
-        " --metrics {params.metrics:q} --out {output:q} > {log:q} 2>&1"
+        " --metrics {params.metrics:q} --out {output:q} 2>&1 | to_logs {params.attempts:q} > {log:q}"

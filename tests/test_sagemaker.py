@@ -539,6 +539,12 @@ def test_image_mode_request_and_entry_train_our_model(aws, prepared, tmp_path):
     inputs = json.loads(manifest.read_text())
     assert set(inputs["channels"]) == {"train", "init", "code"}
     request = jobs.build_request(cfg, inputs)
+    # a setting that does not change the model keeps the job's name (a rerun attaches, its checkpoints
+    # resume); before, any train.* change named a new job that started from scratch. One that does: a new job.
+    quiet = {**cfg, "train": {**cfg["train"], "log_interval": 3}, "eval": {**cfg["eval"], "batch_size": 2}}
+    assert jobs.build_request(quiet, inputs)["TrainingJobName"] == request["TrainingJobName"]
+    changed = {**cfg, "train": {**cfg["train"], "lr": cfg["train"]["lr"] / 2}}
+    assert jobs.build_request(changed, inputs)["TrainingJobName"] != request["TrainingJobName"]
     aws["sagemaker"].create_training_job(**request)
     d = aws["sagemaker"].describe_training_job(TrainingJobName=request["TrainingJobName"])
     spec = d["AlgorithmSpecification"]

@@ -15,13 +15,14 @@ from tests.conftest import REPO, REPO_IGNORE
 SKIP = REPO_IGNORE
 
 
-def snakemake(cwd, *args, timeout=900):
+def snakemake(cwd, *args, timeout=900, env=None):
     return subprocess.run(
         [sys.executable, "-m", "snakemake", "--profile", "profiles/local", *args],
         cwd=cwd,
         capture_output=True,
         text=True,
         timeout=timeout,
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -123,6 +124,19 @@ def test_embedded_default_end_to_end(workdir):
     ]
     lr = snakemake(workdir, "-n", "--config", "train={lr: 0.0021}", timeout=120)  # one that does: refused at parse
     assert lr.returncode != 0 and "train.lr" in lr.stdout + lr.stderr, (lr.stdout + lr.stderr)[-2000:]
+
+    # a retried training job: the failed attempt's output stays in logs/train_torch.attempts.log (Snakemake
+    # removes a job's log before each run; the retry resumes the finished run's last step)
+    marker = workdir / "failed-once"
+    retried = snakemake(
+        workdir, "--forcerun", "train_torch", "--retries", "1", env={"LLMPIPE_FAIL_ONCE": f"torch-train:{marker}"}
+    )
+    assert retried.returncode == 0 and marker.exists(), retried.stdout[-3000:] + retried.stderr[-3000:]
+    history = (run / "logs" / "train_torch.attempts.log").read_text()
+    assert history.count("== attempt started ") == 3  # the first run, the failed attempt, its retry
+    failed, last = history.split("== attempt started ")[2:]
+    assert "failing once on purpose" in failed and "resumed from" in last
+    assert (run / "logs" / "train_torch.log").read_text() == "\n".join(last.split("\n")[1:])  # the log: this attempt's
 
     # a changed tokenizer in the same run folder stops before any job (run-identity.json), naming the way out
     (workdir / "smaller-vocab.yaml").write_text("tokenizer: {vocab_size: 2048}\n")

@@ -33,6 +33,7 @@ from llmpipe.backends.sagemaker.upload import ENTRY_SCRIPT
 from llmpipe.backends.sagemaker.validate import check_request
 from llmpipe.io import atomic_path, write_json
 from llmpipe.io import dumps as io_dumps
+from llmpipe.train.resume import train_settings
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +97,10 @@ def build_request(cfg: dict, inputs: dict) -> dict:
         "EnableNetworkIsolation": sm["network_isolation"],
         "Tags": [{"Key": "llmpipe:run", "Value": run}] + [{"Key": k, "Value": str(v)} for k, v in sorted(sm["tags"].items())],
     }
-    key = request_key({"request": request, "files": {n: c["files"] for n, c in inputs["channels"].items()}})
+    keyed = copy.deepcopy(request)
+    if "llmpipe_config" in hp:  # settings that do not change the model leave the job's name (a rerun attaches)
+        keyed["HyperParameters"]["llmpipe_config"] = json.dumps({"train": train_settings(cfg), "eval": {}}, sort_keys=True)
+    key = request_key({"request": keyed, "files": {n: c["files"] for n, c in inputs["channels"].items()}})
     request["TrainingJobName"] = job_name(sm["job_name_prefix"], run, key, 1)
     request["CheckpointConfig"] = {"S3Uri": aws.join(base, "checkpoints", key) + "/", "LocalPath": CHECKPOINT_LOCAL}
     request["Tags"].append({"Key": "llmpipe:key", "Value": key})
