@@ -3,7 +3,8 @@ few Hub endpoints huggingface_hub uses to download a snapshot and to upload a co
 request. The code under test is the real huggingface_hub client pointed at it (endpoint=...).
 
 Served: repo info by revision, recursive tree listing, file resolve (HEAD/GET, Range), repo creation,
-model card YAML validation, preupload (every file "regular"), commit (NDJSON with base64 files). Gated repos answer 403 GatedRepo
+model card YAML validation, preupload (every file "regular"), commit (NDJSON with base64 files and
+deletedFile / deletedFolder operations). Gated repos answer 403 GatedRepo
 without a granted token; unknown revisions 404 RevisionNotFound; unknown repos 401 RepoNotFound.
 """
 
@@ -192,6 +193,9 @@ class StandInHub:
                         if item["key"] == "file":
                             v = item["value"]
                             files[v["path"]] = base64.b64decode(v["content"])
+                        elif item["key"] in ("deletedFile", "deletedFolder"):
+                            gone = item["value"]["path"].rstrip("/")
+                            files = {f: b for f, b in files.items() if f != gone and not f.startswith(gone + "/")}
                     sha = repo.commit(files, m[3])
                     self._json(
                         200,

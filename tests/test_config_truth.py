@@ -22,6 +22,10 @@ PLUGIN = REPO / "tests" / "plugin_backend"
 BAD = [
     ({"train": {"backend": "torhc"}}, "'train.backend': 'torhc' is not one of"),
     ({"hub": {"release": {"enabled": True}}}, "'hub.release.enabled' is true but 'hub.release.repo_id' is not set"),
+    (  # a Llama base released as apache-2.0 (the default before): its licence carries over
+        {"model": {"init_from": "meta-llama/Llama-2-7b-hf"}, "hub": {"release": {"enabled": True, "repo_id": "me/m"}}},
+        "'hub.release.license' is not set but the model continues 'meta-llama/Llama-2-7b-hf'",
+    ),
     (
         {
             "train": {"backend": "sagemaker"},

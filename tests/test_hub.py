@@ -384,6 +384,12 @@ def test_model_card_states_every_field_and_release_uploads(trained_run, prepared
         assert sent == local  # every file, byte for byte (card, weights, loss curve, provenance, config)
         assert sent["README.md"].decode() == card
         assert rec["commit"] == hub.repos[("model", "me/tiny-llama")].refs["main"] and rec["private"] is True
+        # a later release mirrors its folder: an earlier release's other files (old weights transformers would
+        # load before new shards, data no longer included) are removed in the same commit; .gitattributes stays
+        repo = hub.repos[("model", "me/tiny-llama")]
+        repo.commit({**repo.commits[repo.refs["main"]], "model-00001-of-00002.safetensors": b"old", "data/hf/x": b"old"})
+        again = release(out, "me/tiny-llama", tmp_path / "again.json", endpoint=hub.url)
+        assert set(repo.commits[again["commit"]]) == set(local) | {".gitattributes"}
         # an existing public repo stays public under create_repo(private=True): refused, nothing uploaded
         from llmpipe.hub import HubError
 
@@ -410,7 +416,9 @@ def test_dry_run_hub_rules(tmp_path):
         },
     }
     for enabled in (False, True):
-        conf.write_text(yaml.safe_dump(merge(base, {"hub": {"release": {"enabled": enabled, "repo_id": "me/m"}}})))
+        conf.write_text(
+            yaml.safe_dump(merge(base, {"hub": {"release": {"enabled": enabled, "repo_id": "me/m", "license": "llama2"}}}))
+        )
         proc = subprocess.run(
             [sys.executable, "-m", "snakemake", "-n", "-p", "--cores", "2", "--configfile", str(conf)],
             cwd=REPO,
@@ -502,13 +510,17 @@ def test_interrupted_download_leaves_nothing_and_resumes(hub_models, tmp_path):
     )
 
 
-def test_download_links_leave_the_sources_modes_alone(tmp_path):
-    """download-model hard-links the files it takes (the Hub cache's blobs, a local folder's files) where it
-    can: giving the output the umask's modes must not change the other name's (the cache is shared)."""
+def test_download_links_leave_the_sources_modes_alone(tmp_path, monkeypatch):
+    """download-model hard-links the large files it takes (the Hub cache's blobs, a local folder's files)
+    where it can: giving the output the umask's modes must not change the other name's (the cache is
+    shared). Small files are copied: editing the run's config.json left the cache's changed."""
     import numpy as np
     from safetensors.numpy import save_file
 
+    from llmpipe.hub import download
     from llmpipe.hub.download import download_model
+
+    monkeypatch.setattr(download, "LINK_MIN_BYTES", 64)  # the test's weights file is linked, config.json not
 
     src = tmp_path / "base"
     src.mkdir()
@@ -521,6 +533,8 @@ def test_download_links_leave_the_sources_modes_alone(tmp_path):
     download_model(str(src), out)
     assert {name: (src / name).stat().st_mode & 0o777 for name in modes} == modes
     assert (out / "model.safetensors").stat().st_ino == (src / "model.safetensors").stat().st_ino  # linked, not copied
+    (out / "config.json").write_text('{"max_position_embeddings": 8192}')  # as seq_len_past_base tells a user
+    assert (src / "config.json").read_text() == "{}"
     assert (out / "hub.json").stat().st_mode & 0o777 == 0o666 & ~current_umask()  # our own file: the usual mode
 
 

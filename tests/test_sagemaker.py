@@ -431,6 +431,96 @@ def test_failed_job_is_retried_as_next_attempt_with_the_same_checkpoints(tmp_pat
     assert (got, created) == (f"{name}-r2", True)
 
 
+def test_the_job_key_follows_the_model_not_the_operations(tmp_path):
+    """After a Failed or Stopped job the natural fixes (more runtime, another instance type after a capacity
+    error, a tag) named a new job with new checkpoints, which started from step 0: now they keep the
+    name and its checkpoint prefix; the data and the instance count (the world size) do not."""
+    inputs = ONE_CHANNEL
+    name = lambda **over: jobs.build_request(sm_config(tmp_path, **over), inputs)["TrainingJobName"]
+    base = name()
+    ops = dict(
+        max_runtime_seconds=9000, instance_type="ml.p4d.24xlarge", keep_alive_seconds=0, tags={"team": "x"}, volume_size_gb=9
+    )
+    for key, value in ops.items():
+        assert name(**{key: value}) == base, key
+    other = {**inputs, "channels": {"train": {**inputs["channels"]["train"], "files": {"a.bin": "01"}}}}
+    assert jobs.build_request(sm_config(tmp_path), other)["TrainingJobName"] != base
+    more = jobs.build_request(sm_config(tmp_path, instances=4), inputs)["TrainingJobName"]
+    assert more != base
+
+
+ONE_CHANNEL = {"mode": "algorithm", "channels": {"train": {"s3_uri": f"s3://{BUCKET}/x/", "files": {"a.bin": "00"}}}}
+
+
+def no_job(stub, name):
+    stub.add_client_error(
+        "describe_training_job", "ValidationException", "Requested resource not found.", expected_params={"TrainingJobName": name}
+    )
+
+
+def running(stub, stem, names=()):
+    for status in ("InProgress", "Stopping"):
+        jobs_ = [
+            {
+                "TrainingJobName": n,
+                "TrainingJobArn": f"arn:aws:sagemaker:us-east-1:1:training-job/{n}",
+                "CreationTime": 0,
+                "TrainingJobStatus": status,
+            }
+            for n in (names if status == "InProgress" else ())
+        ]
+        stub.add_response(
+            "list_training_jobs",
+            {"TrainingJobSummaries": jobs_},
+            {"NameContains": stem, "StatusEquals": status, "MaxResults": 100},
+        )
+
+
+def test_a_second_job_of_the_run_is_refused_while_the_first_runs(tmp_path):
+    """The local process died, the settings changed, the run was started again: the earlier job still runs
+    (and bills); a second one is refused, naming the first and how to stop it."""
+    request = jobs.build_request(sm_config(tmp_path), ONE_CHANNEL)
+    name = request["TrainingJobName"]
+    stem = name.rsplit("-", 1)[0]
+    client, stub = stubbed()
+    no_job(stub, name)
+    running(stub, stem, [f"{stem}-0123456789", f"{stem}x-0123456789"])  # the second: another run's (run name longer)
+    with stub, pytest.raises(jobs.JobError, match=rf"training job {stem}-0123456789 of this run is still running"):
+        jobs.create_or_attach(client, request, max_attempts=3)
+    stub.assert_no_pending_responses()
+
+
+@pytest.mark.parametrize("reason", ["InternalServerError: capacity", "ClientError: bad hyperparameter"])
+def test_a_failed_job_is_followed_by_its_next_attempt_in_the_same_run(tmp_path, reason):
+    """Failed for SageMaker's reasons: the next attempt (same checkpoint prefix) in this same run, where
+    before the run ended and only a manual rerun made `-r2`; Failed for the request's own (ClientError):
+    no retry, another attempt would fail the same way and bill again."""
+    request = jobs.build_request(sm_config(tmp_path), ONE_CHANNEL)
+    name = request["TrainingJobName"]
+    client, stub = stubbed()
+    created = {"TrainingJobArn": "arn:aws:sagemaker:us-east-1:1:training-job/x"}
+    no_job(stub, name)
+    running(stub, name.rsplit("-", 1)[0])
+    stub.add_response("create_training_job", created, request)
+    failed = described(name, "Failed", "Failed", FailureReason=reason)
+    stub.add_response("describe_training_job", failed, {"TrainingJobName": name})
+    if reason.startswith("InternalServerError"):
+        stub.add_response("describe_training_job", failed, {"TrainingJobName": name})
+        no_job(stub, f"{name}-r2")
+        stub.add_response("create_training_job", created, {**request, "TrainingJobName": f"{name}-r2"})
+        done = described(f"{name}-r2", "Completed", "Completed")
+        stub.add_response("describe_training_job", done, {"TrainingJobName": f"{name}-r2"})
+    sm = {"wait_timeout_seconds": 60, "max_runtime_seconds": 60, "poll_seconds": 0, "max_attempts": 3}
+    with stub:
+        if reason.startswith("ClientError"):
+            with pytest.raises(jobs.JobFailed, match="bad hyperparameter"):
+                jobs.run_attempts(client, request, sm, lambda job: None, sleep=lambda s: None)
+        else:
+            got, was_created, desc = jobs.run_attempts(client, request, sm, lambda job: None, sleep=lambda s: None)
+            assert (got, was_created, desc["TrainingJobStatus"]) == (f"{name}-r2", True, "Completed")
+    stub.assert_no_pending_responses()
+
+
 # --- artifacts --------------------------------------------------------------------------------------
 
 
@@ -442,19 +532,39 @@ def _tar(members: list[tuple[tarfile.TarInfo, bytes | None]]) -> bytes:
     return buf.getvalue()
 
 
-@pytest.mark.parametrize("kind", ["dotdot", "absolute", "symlink_out"])
+@pytest.mark.parametrize("kind", ["dotdot", "absolute", "symlink_out", "symlink_in", "hardlink", "fifo"])
 def test_unsafe_archives_are_refused(tmp_path, kind):
-    info = tarfile.TarInfo({"dotdot": "../escape.txt", "absolute": "/tmp/llmpipe-escape.txt", "symlink_out": "link"}[kind])
+    """Nothing but files and folders, nothing outside: a symlink even to a place inside the folder is refused
+    (a chain of them past PATH_MAX escaped the "data" filter on Python 3.11.7, CVE-2025-4517), before any
+    member is written."""
+    name = {"dotdot": "../escape.txt", "absolute": "/tmp/llmpipe-escape.txt", "symlink_out": "link"}.get(kind, "m")
+    info = tarfile.TarInfo(name)
     data = b"x"
-    if kind == "symlink_out":
-        info.type, info.linkname, data = tarfile.SYMTYPE, "/etc/passwd", None
+    if kind in ("symlink_out", "symlink_in", "hardlink"):
+        info.type = tarfile.LNKTYPE if kind == "hardlink" else tarfile.SYMTYPE
+        info.linkname, data = "/etc/passwd" if kind == "symlink_out" else "config.json", None
+    elif kind == "fifo":
+        info.type, data = tarfile.FIFOTYPE, None
     else:
         info.size = 1
+    first = tarfile.TarInfo("config.json")
+    first.size = 2
     archive = tmp_path / "model.tar.gz"
-    archive.write_bytes(_tar([(info, data)]))
+    archive.write_bytes(_tar([(first, b"{}"), (info, data)]))
     with pytest.raises(jobs.JobError, match="unsafe member refused"):
         jobs.safe_extract(archive, tmp_path / "dest")
     assert not (tmp_path / "escape.txt").exists() and not Path("/tmp/llmpipe-escape.txt").exists()
+    assert not any((tmp_path / "dest").rglob("*"))  # refused before the first member was written
+
+
+def test_an_archive_larger_than_the_free_disk_is_refused_before_writing(tmp_path, monkeypatch):
+    info = tarfile.TarInfo("model.safetensors")
+    info.size = 4096
+    archive = tmp_path / "model.tar.gz"
+    archive.write_bytes(_tar([(info, bytes(4096))]))
+    monkeypatch.setattr(jobs.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**6, 10**6 - 100, 100))
+    with pytest.raises(jobs.JobError, match="unpacks to 4096 bytes, 100 free"):
+        jobs.safe_extract(archive, tmp_path / "dest")
     assert not any((tmp_path / "dest").rglob("*"))
 
 

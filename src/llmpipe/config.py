@@ -381,6 +381,11 @@ def _hub_checks(config: dict, whole: bool = True) -> list[str]:
     release = config["hub"]["release"]
     if release["enabled"] and not release["repo_id"]:
         out.append("'hub.release.enabled' is true but 'hub.release.repo_id' is not set")
+    if release["enabled"] and config["model"]["init_from"] and not release["license"]:
+        out.append(
+            f"'hub.release.license' is not set but the model continues {config['model']['init_from']!r} "
+            "(model.init_from): its licence carries over to the release; set it (e.g. llama2, llama3, apache-2.0)"
+        )
     for key, ref in (("model.init_from", config["model"]["init_from"]), ("tokenizer.source", config["tokenizer"]["source"])):
         # org/name with no such path is a Hub repo; but a missing path under a folder that exists here is a typo
         if ref and not ref.startswith(HUB_PREFIX) and is_hub_ref(ref) and Path(ref.split("/", 1)[0]).is_dir():

@@ -152,7 +152,11 @@ def card_facts(
         },
         "evaluation": evaluation,
         "pipeline": pipeline_version(),
-        "licenses": {"model": release["license"], "data": release["data_license"], "code": release["code_license"]},
+        "licenses": {
+            "model": release["license"] or "apache-2.0",  # from scratch; with a base the config requires it set
+            "data": release["data_license"],
+            "code": release["code_license"],
+        },
     }
 
 

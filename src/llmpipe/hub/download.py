@@ -49,8 +49,13 @@ def check_complete(folder: Path, where: str) -> list[str]:
     return weights
 
 
+LINK_MIN_BYTES = 64 << 20  # smaller files are copied: config.json & co. get edited in place (seq_len_past_base)
+
+
 def _copy_tree(src: Path, dst: Path) -> list[str]:
-    """Copy files (symlinks into the Hub cache resolved); hard links where the file system allows."""
+    """Copy files (symlinks into the Hub cache resolved); hard links for files of LINK_MIN_BYTES or more
+    (weights) where the file system allows. A small file is copied: an edit of a run's config.json through
+    a link changed the shared cache's blob, so every later download got the edit under the Hub's commit."""
     files = []
     for path in sorted(p for p in src.rglob("*") if p.is_file() and ".cache" not in p.relative_to(src).parts):
         rel = path.relative_to(src)
@@ -58,6 +63,8 @@ def _copy_tree(src: Path, dst: Path) -> list[str]:
         target.parent.mkdir(parents=True, exist_ok=True)
         real = path.resolve()
         try:
+            if real.stat().st_size < LINK_MIN_BYTES:
+                raise OSError("small: copied")
             os.link(real, target)
         except OSError:
             shutil.copyfile(real, target)

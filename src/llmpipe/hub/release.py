@@ -3,7 +3,9 @@
   llmpipe release --config CFG --folder results/R/release --out results/R/release.json
 
 Creates the repo if needed (hub.release.private, default true), uploads every file of the folder in
-one commit through huggingface_hub (HfApi.create_repo + upload_folder), and records the repo, the
+one commit through huggingface_hub (HfApi.create_repo + upload_folder), removing in that commit the
+repo's files the folder does not hold (an earlier release's: old weights transformers would load before
+new shards, data no longer included), and records the repo, the
 commit and each file's sha256 in release.json. The token is huggingface_hub's own (HF_TOKEN or the
 login cache); it is never an argument, a config key or an output.
 """
@@ -52,6 +54,7 @@ def release(
             repo_type="model",
             folder_path=str(folder),
             ignore_patterns=SKIP,
+            delete_patterns="*",  # the commit mirrors the folder: an earlier release's other files go (not .gitattributes)
             commit_message=commit_message or f"llmpipe release ({len(files) + 1} files)",
         )
     except Exception as exc:

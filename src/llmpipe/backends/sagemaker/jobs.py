@@ -47,6 +47,14 @@ class JobError(RuntimeError):
     """The training job failed, was stopped, or its artifact is unusable."""
 
 
+class JobFailed(JobError):
+    """The job ended Failed or Stopped (not stopped by llmpipe): `status`, and SageMaker's `reason`."""
+
+    def __init__(self, message: str, status: str, reason: str):
+        super().__init__(message)
+        self.status, self.reason = status, reason
+
+
 class WaitTimeout(JobError):
     """The job ran past sagemaker.wait_timeout_seconds (it has been asked to stop)."""
 
@@ -97,15 +105,41 @@ def build_request(cfg: dict, inputs: dict) -> dict:
         "EnableNetworkIsolation": sm["network_isolation"],
         "Tags": [{"Key": "llmpipe:run", "Value": run}] + [{"Key": k, "Value": str(v)} for k, v in sorted(sm["tags"].items())],
     }
-    keyed = copy.deepcopy(request)
-    if "llmpipe_config" in hp:  # settings that do not change the model leave the job's name (a rerun attaches)
-        keyed["HyperParameters"]["llmpipe_config"] = json.dumps({"train": train_settings(cfg), "eval": {}}, sort_keys=True)
-    key = request_key({"request": keyed, "files": {n: c["files"] for n, c in inputs["channels"].items()}})
+    key = request_key(_keyed(request, cfg, inputs))
     request["TrainingJobName"] = job_name(sm["job_name_prefix"], run, key, 1)
     request["CheckpointConfig"] = {"S3Uri": aws.join(base, "checkpoints", key) + "/", "LocalPath": CHECKPOINT_LOCAL}
     request["Tags"].append({"Key": "llmpipe:key", "Value": key})
     check_request("sagemaker", "CreateTrainingJob", request)
     return request
+
+
+def _keyed(request: dict, cfg: dict, inputs: dict) -> dict:
+    """What names the job and its checkpoint prefix: what the trained model depends on. Left out, so that
+    changing them after a Failed or Stopped job resumes its checkpoints rather than starting over: tags,
+    the time limit, instance type, volume and keep-alive (InstanceCount stays), llmpipe's own code (mode
+    image: the code channel; its trainer resumes across versions), and mode image's resume-neutral
+    settings (train.log_interval, eval.batch_size, ...)."""
+    keyed = copy.deepcopy(request)
+    keyed.pop("Tags")
+    keyed.pop("StoppingCondition")
+    keyed["ResourceConfig"] = {"InstanceCount": request["ResourceConfig"]["InstanceCount"]}
+    if "llmpipe_config" in keyed["HyperParameters"]:
+        keyed["HyperParameters"]["llmpipe_config"] = json.dumps({"train": train_settings(cfg), "eval": {}}, sort_keys=True)
+    files = {n: c["files"] for n, c in inputs["channels"].items() if n != "code"}
+    keyed["InputDataConfig"] = [c for c in keyed["InputDataConfig"] if c["ChannelName"] != "code"]
+    return {"request": keyed, "files": files}
+
+
+def _others_running(sm_client, request: dict) -> list[str]:
+    """Jobs of this run (same prefix and run, another key) still InProgress or Stopping: an earlier request's."""
+    ours = request["TrainingJobName"]
+    stem = ours.rsplit("-", 1)[0]
+    pattern = re.compile(rf"^{re.escape(stem)}-[0-9a-f]{{10}}(-r\d+)?$")
+    names = []
+    for status in ("InProgress", "Stopping"):
+        found = sm_client.list_training_jobs(NameContains=stem, StatusEquals=status, MaxResults=100)["TrainingJobSummaries"]
+        names += [j["TrainingJobName"] for j in found]
+    return sorted(n for n in names if pattern.match(n) and not n.startswith(ours))
 
 
 def _attempt_name(request: dict, attempt: int) -> str:
@@ -132,6 +166,12 @@ def create_or_attach(sm_client, request: dict, max_attempts: int) -> tuple[str, 
         name = _attempt_name(request, attempt)
         desc = _describe(sm_client, name)
         if desc is None:
+            if attempt == 1 and (running := _others_running(sm_client, request)):
+                raise JobError(
+                    f"training job {running[0]} of this run is still running (started for other settings): a "
+                    f"second job would bill beside it. Wait for it or stop it (aws sagemaker stop-training-job "
+                    f"--training-job-name {running[0]}), then run again"
+                )
             req = copy.deepcopy(request)
             req["TrainingJobName"] = name
             check_request("sagemaker", "CreateTrainingJob", req)
@@ -209,9 +249,8 @@ def wait(
                 tail.poll()
             if desc["TrainingJobStatus"] in TERMINAL:
                 if desc["TrainingJobStatus"] != "Completed":
-                    raise JobError(
-                        f"training job {name} ended {desc['TrainingJobStatus']}: {desc.get('FailureReason', 'no reason given')}"
-                    )
+                    status, reason = desc["TrainingJobStatus"], desc.get("FailureReason", "no reason given")
+                    raise JobFailed(f"training job {name} ended {status}: {reason}", status, reason)
                 return desc
             if clock() >= deadline:
                 raise WaitTimeout(
@@ -222,6 +261,23 @@ def wait(
     except (WaitTimeout, KeyboardInterrupt):
         stop(sm_client, name)
         raise
+
+
+def run_attempts(sm_client, request: dict, sm: dict, tail_for, sleep=time.sleep) -> tuple[str, bool, dict]:
+    """(job name, created, its final description): create or attach, then wait. A job that ended Failed is
+    followed by the next attempt in this same run (create_or_attach: same checkpoint prefix, so it
+    resumes; it raises past sagemaker.max_attempts), unless SageMaker calls the failure the request's own
+    ("ClientError: ...": bad input or hyperparameters, which another attempt would repeat). Stopped (by
+    someone) is not retried."""
+    timeout = sm["wait_timeout_seconds"] or sm["max_runtime_seconds"] + 3600
+    while True:
+        name, created = create_or_attach(sm_client, request, sm["max_attempts"])
+        try:
+            return name, created, wait(sm_client, name, timeout, sm["poll_seconds"], tail_for(name), sleep=sleep)
+        except JobFailed as exc:
+            if exc.status != "Failed" or exc.reason.startswith("ClientError"):
+                raise
+            log.warning("%s; the next attempt resumes from %s", exc, request["CheckpointConfig"]["S3Uri"])
 
 
 def stop(sm_client, name: str) -> None:
@@ -235,16 +291,33 @@ def stop(sm_client, name: str) -> None:
 # --- artifacts ---------------------------------------------------------------------------------
 
 
+MAX_MEMBERS = 1_000_000
+
+
 def safe_extract(archive: Path, dest: Path) -> None:
-    """Extract a tar archive refusing absolute paths, '..', links out of dest and device files
-    (tarfile's "data" filter, PEP 706)."""
+    """Extract a tar archive of regular files and folders only: links of any kind (a symlink chain past
+    PATH_MAX escaped tarfile's "data" filter before Python 3.11.13 / 3.12.11 / 3.13.4, CVE-2025-4517), device
+    files, absolute paths and '..' are refused before anything is written, as is an archive larger than
+    the free disk or of more than MAX_MEMBERS members; then the "data" filter (PEP 706) as well."""
+    import posixpath
+
     dest.mkdir(parents=True, exist_ok=True)
     with tarfile.open(archive) as tar:
-        absolute = [m.name for m in tar.getmembers() if m.name.startswith("/")]
-        if absolute:  # the data filter would strip the slash; such an archive is not ours
-            raise JobError(f"{archive.name}: unsafe member refused: absolute path {absolute[0]!r}")
+        members, size = [], 0
+        for m in tar:
+            members.append(m)
+            if len(members) > MAX_MEMBERS:
+                raise JobError(f"{archive.name}: more than {MAX_MEMBERS} members: refused")
+            if not (m.isreg() or m.isdir()):
+                raise JobError(f"{archive.name}: unsafe member refused: {m.name!r} is not a file or folder (a link or device)")
+            if m.name.startswith("/") or ".." in posixpath.normpath(m.name).split("/"):
+                raise JobError(f"{archive.name}: unsafe member refused: path {m.name!r} leaves the folder")
+            size += m.size
+        free = shutil.disk_usage(dest).free
+        if size > free:
+            raise JobError(f"{archive.name}: unpacks to {size} bytes, {free} free under {dest}: refused")
         try:
-            tar.extractall(dest, filter="data")
+            tar.extractall(dest, members=members, filter="data")
         except tarfile.FilterError as exc:
             raise JobError(f"{archive.name}: unsafe member refused: {exc}") from None
 
@@ -347,16 +420,14 @@ def train(
     clients = clients or aws.clients(sm["region"])
     log.info("request: %s", json.dumps({k: v for k, v in request.items() if k != "HyperParameters"}, sort_keys=True))
     log.info("hyperparameters: %s", json.dumps(request["HyperParameters"], sort_keys=True))
-    name, created = create_or_attach(clients["sagemaker"], request, sm["max_attempts"])
     lines: list[str] = []
 
     def write(stream: str, message: str) -> None:
         lines.append(message)
         print(f"[{stream}] {message}", flush=True)
 
-    tail = LogTail(clients["logs"], name, write) if sm["tail_logs"] else None
-    timeout = sm["wait_timeout_seconds"] or sm["max_runtime_seconds"] + 3600
-    desc = wait(clients["sagemaker"], name, timeout, sm["poll_seconds"], tail, sleep=sleep)
+    tail_for = (lambda job: LogTail(clients["logs"], job, write)) if sm["tail_logs"] else (lambda job: None)
+    name, created, desc = run_attempts(clients["sagemaker"], request, sm, tail_for, sleep)
     artifact = desc["ModelArtifacts"]["S3ModelArtifacts"]
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".sagemaker-download-", dir=Path(out).parent) as tmp:  # beside out: model-sized
