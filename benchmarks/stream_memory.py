@@ -6,6 +6,7 @@
 Inputs are real text: the Gutenberg chunks corpus (~4 KB documents, ../shared/data/SOURCES.md), cycled
 with a pass number in front of each document to reach the size (1x = --mb MB of text, 10x = ten times):
   jsonl, jsonl.gz   one record per line (references: streamed line by line since before)
+  jsonl.zst         the same, zstd (compression.zstd / backports.zstd, pieces of at most 1 MiB)
   paragraph         a .txt file, text_mode: paragraph: documents joined by blank lines, and per 30 MB one
                     20 MB paragraph (single newlines only; comes as a StreamedText)
   parquet           a .parquet file written 2,000 rows per row group (~9 MB), read by _parquet
@@ -37,7 +38,7 @@ from peak import run_alone  # benchmarks/peak.py
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO.parent / "shared" / "data" / "corpus" / "gutenberg-chunks-100mb.jsonl.gz"
-KINDS = ["jsonl", "jsonl.gz", "paragraph", "parquet", "hf-parquet", "hf-saved", "hf-jsonl", "strided"]
+KINDS = ["jsonl", "jsonl.gz", "jsonl.zst", "paragraph", "parquet", "hf-parquet", "hf-saved", "hf-jsonl", "strided"]
 HUGE = 20 * 10**6  # characters of a long paragraph / record: over readers.HUGE_RECORD_BYTES (16 MiB) + a read
 UNIT = 30 * 10**6  # text per long one
 ENV = {**os.environ, "PYTHONPATH": str(REPO / "src")}
@@ -75,9 +76,12 @@ def with_long(mb: int):
 
 def make(kind: str, mb: int, out: Path) -> str:
     """Write the input of `kind` under `out`; returns the source to read."""
-    if kind in ("jsonl", "jsonl.gz", "hf-jsonl"):
+    if kind in ("jsonl", "jsonl.gz", "jsonl.zst", "hf-jsonl"):
+        import zstandard  # the test extra's: another zstd library than the one reading
+
         path = out / ("train.jsonl" if kind == "hf-jsonl" else f"corpus.{kind}")
-        with (gzip.open if kind == "jsonl.gz" else open)(path, "wt", encoding="utf-8") as fh:
+        opener = {"jsonl.gz": gzip.open, "jsonl.zst": zstandard.open}.get(kind, open)
+        with opener(path, "wt", encoding="utf-8") as fh:
             for text in texts(mb):
                 fh.write(json.dumps({"text": text}) + "\n")
         return f"hf:{out}" if kind == "hf-jsonl" else str(path)

@@ -78,14 +78,16 @@ def test_stream_memory_measures_every_input_kind_at_two_sizes(tmp_path):
     the strided scan's long record read as streams, the same records from every container."""
     out = bench("stream_memory.py", "--mb", "1", "--corpus", str(CORPUS), tmp_path=tmp_path)
     rows = {m[1]: m for m in re.finditer(r"^ *(\S+) +1 +(\d+)M +(\d+)M +([\d.]+) +([\d,]+) +(\d+) +[\d.]+$", out, re.M)}
-    kinds = ("jsonl", "jsonl.gz", "paragraph", "parquet", "hf-parquet", "hf-saved", "hf-jsonl", "strided")
+    kinds = ("jsonl", "jsonl.gz", "jsonl.zst", "paragraph", "parquet", "hf-parquet", "hf-saved", "hf-jsonl", "strided")
     assert set(rows) == set(kinds), out
     for kind, m in rows.items():
         assert abs(float(m[4]) - int(m[3]) / int(m[2])) < 0.05, f"{kind}: ratio {m[4]} is not 10x peak / 1x peak"
         assert int(m[5].replace(",", "")) > 0
         assert int(m[6]) == (kind in ("paragraph", "strided")), f"{kind}: streamed documents {m[6]}"
     # the same records, whatever the container
-    assert len({rows[k][5] for k in ("jsonl", "jsonl.gz", "parquet", "hf-parquet", "hf-saved", "hf-jsonl")}) == 1, out
+    assert len({rows[k][5] for k in ("jsonl", "jsonl.gz", "jsonl.zst", "parquet", "hf-parquet", "hf-saved", "hf-jsonl")}) == 1, (
+        out
+    )
 
 
 def test_shard_reads_reads_each_byte_once_and_the_baseline_once_per_shard(tmp_path):

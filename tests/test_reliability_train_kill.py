@@ -76,6 +76,7 @@ def check_after_kill(out, setup):
         path = ckpt.step_dir(root, step)
         assert set(os.listdir(path)) == {
             "model.safetensors",
+            "config.json",  # a step is a model folder too (llmpipe export takes it)
             "optimizer.pt",
             "scheduler.pt",
             "rng.pt",
@@ -85,6 +86,7 @@ def check_after_kill(out, setup):
         }
         assert ckpt.damaged(path) == []  # sealed: every file matches its recorded sha256
         load_file(str(path / "model.safetensors"))
+        assert json.loads((path / "config.json").read_text())["model_type"] == "llama"
         for name in ("optimizer.pt", "scheduler.pt", "rng.pt"):
             torch.load(path / name, weights_only=True)
         assert json.loads((path / "trainer_state.json").read_text())["step"] == step

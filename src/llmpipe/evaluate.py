@@ -29,7 +29,7 @@ def evaluate(
     import datasets
     from transformers import AutoModelForCausalLM
 
-    model_dir, view_dir = model_folder(model_dir, "--model"), view_folder(view_dir, "--data")
+    model_dir, view_dir = model_folder(model_dir, "--model"), view_folder(view_dir, "--data", ("val",))
     recorded = json.loads((view_dir / "view.json").read_text()).get("tokenizer_sha256")
     if recorded:  # the model's tokenizer is the one the scored tokens were made with
         if not (Path(model_dir) / "tokenizer.json").is_file():

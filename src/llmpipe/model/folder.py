@@ -17,9 +17,9 @@ def model_folder(path: str | Path, flag: str) -> str:
     return str(path)
 
 
-def view_folder(path: str | Path, flag: str) -> Path:
-    """`path` once it holds an hf view's train/ and val/ splits (llmpipe pack); else FolderError."""
-    for split in ("train", "val"):
+def view_folder(path: str | Path, flag: str, splits: tuple[str, ...] = ("train", "val")) -> Path:
+    """`path` once it holds these splits of an hf view (llmpipe pack); else FolderError."""
+    for split in splits:
         _folder(path, flag, f"{split}/dataset_info.json", "an hf data view (llmpipe pack)")
     return Path(path)
 
