@@ -653,8 +653,9 @@ def test_image_mode_request_and_entry_train_our_model(aws, prepared, tmp_path):
     # resume); before, any train.* change named a new job that started from scratch. One that does: a new job.
     quiet = {**cfg, "train": {**cfg["train"], "log_interval": 3}, "eval": {**cfg["eval"], "batch_size": 2}}
     assert jobs.build_request(quiet, inputs)["TrainingJobName"] == request["TrainingJobName"]
-    changed = {**cfg, "train": {**cfg["train"], "lr": cfg["train"]["lr"] / 2}}
-    assert jobs.build_request(changed, inputs)["TrainingJobName"] != request["TrainingJobName"]
+    for over in ({"lr": cfg["train"]["lr"] / 2}, {"resume": False}):  # resume false: a fresh job, not the old one's
+        changed = {**cfg, "train": {**cfg["train"], **over}}
+        assert jobs.build_request(changed, inputs)["TrainingJobName"] != request["TrainingJobName"], over
     aws["sagemaker"].create_training_job(**request)
     d = aws["sagemaker"].describe_training_job(TrainingJobName=request["TrainingJobName"])
     spec = d["AlgorithmSpecification"]

@@ -124,7 +124,8 @@ def _keyed(request: dict, cfg: dict, inputs: dict) -> dict:
     keyed.pop("StoppingCondition")
     keyed["ResourceConfig"] = {"InstanceCount": request["ResourceConfig"]["InstanceCount"]}
     if "llmpipe_config" in keyed["HyperParameters"]:
-        keyed["HyperParameters"]["llmpipe_config"] = json.dumps({"train": train_settings(cfg), "eval": {}}, sort_keys=True)
+        settings = {**train_settings(cfg), "resume": cfg["train"]["resume"]}  # resume false: a new job, fresh checkpoints
+        keyed["HyperParameters"]["llmpipe_config"] = json.dumps({"train": settings, "eval": {}}, sort_keys=True)
     files = {n: c["files"] for n, c in inputs["channels"].items() if n != "code"}
     keyed["InputDataConfig"] = [c for c in keyed["InputDataConfig"] if c["ChannelName"] != "code"]
     return {"request": keyed, "files": files}
