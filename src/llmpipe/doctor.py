@@ -297,12 +297,14 @@ def _text_bytes(cfg: dict) -> int:
 
 
 def view_bytes_per_token(view: str, cfg: dict) -> int:
-    """Bytes a token takes in a view: hf holds input_ids and labels (int32), attention_mask (int8) and
-    segment_ids (int16, int32 from 2^15 tokens a row); the store, litgpt and megatron 2 or 4 by
-    vocabulary (4 bounds both)."""
+    """Bytes a token takes in a view: hf its columns' (llmpipe.data.views.hf, the dtypes pack writes); the
+    store, litgpt and megatron 2 or 4 by vocabulary (4 bounds both)."""
     if view != "hf":
         return 4
-    return 9 + ((2 if cfg["train"]["seq_len"] < 2**15 else 4) if cfg["data"]["segment_ids"] else 0)
+    from llmpipe.data.views import hf
+
+    seg = "int16" if cfg["train"]["seq_len"] < 2**15 else "int32"  # as pack and verify choose it
+    return hf.row_bytes(hf._columns(cfg["data"]["segment_ids"], seg), 1)
 
 
 def disk_needed(cfg: dict, tokens: int | None, params: int | None) -> int:
