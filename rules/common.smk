@@ -90,14 +90,14 @@ def cfg_json(*keys, drop=()):
 TRAIN_NEUTRAL = (*(f"train.{k}" for k in sorted(RESUME_NEUTRAL - {"resume"})), "eval.batch_size", "eval.max_batches")
 
 
-def train_cfg_json(*keys, keep=()):
-    """A training rule's params for config `keys`: `settings`, its rerun trigger (TRAIN_NEUTRAL but `keep`
-    left out), and `cfg`, all of them for the command, given as a function of `input`: Snakemake leaves
+def train_cfg_json(*keys, keep=(), neutral=()):
+    """A training rule's params for config `keys`: `settings`, its rerun trigger (TRAIN_NEUTRAL but `keep`,
+    and the backend's own `neutral` keys, left out), and `cfg`, all of them for the command, given as a function of `input`: Snakemake leaves
     such derived params out of its params trigger, so changing train.log_interval, threads, keep_checkpoints,
     ... after a run reruns no training (before: training, export and evaluation again)."""
     text = cfg_json(*keys)(None)
     return {
-        "settings": cfg_json(*keys, drop=tuple(k for k in TRAIN_NEUTRAL if k not in keep)),
+        "settings": cfg_json(*keys, drop=(*(k for k in TRAIN_NEUTRAL if k not in keep), *neutral)),
         "cfg": lambda wildcards, input: text,
     }
 

@@ -31,7 +31,7 @@ rule evaluate:
         "../envs/torch.yaml"
     threads: 2
     params:
-        cfg=cfg_json("eval", "train.document_masking", "train.backend"),
+        cfg=cfg_json("eval", "train.document_masking", "train.backend", drop=("eval.max_batches",)),
     shell:
         "python -m llmpipe evaluate --config {params.cfg:q} --model {input.model:q} --data {input.data:q}"
         " --threads {threads} --out {output:q} > {log:q} 2>&1"

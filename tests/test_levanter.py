@@ -202,7 +202,13 @@ def test_changed_settings_refuse_to_resume(tmp_path):
     shutil.copytree(tmp_path / "cache", tmp_path / "moved-cache")
     check_resume(lev(cache="moved-cache", ref="ref2"))
     check_resume(
-        lev({"train": {"save_interval": 7, "eval_interval": 3}, "eval": {"batch_size": 2}, "levanter": {"save_minutes": 1}})
+        lev(
+            {
+                "train": {"save_interval": 7, "eval_interval": 3, "micro_batch_size": 2},
+                "eval": {"batch_size": 2},
+                "levanter": {"save_minutes": 1},
+            }
+        )
     )
     with pytest.raises(ValueError, match=r"optimizer.learning_rate: 0.003 -> 0.001.*levanter.run_id"):
         check_resume(lev({"train": {"lr": 1e-3}}))
@@ -216,7 +222,7 @@ def test_changed_settings_refuse_to_resume(tmp_path):
 def test_records_start_afresh_unless_resumed(tmp_path):
     """metrics.jsonl: a run that resumes keeps the earlier records up to its checkpoint; one that trains from
     the start (a new run id, deleted checkpoints) keeps none of an earlier run's."""
-    from llmpipe.backends.levanter.train import LoggerRecords, start_afresh
+    from llmpipe.backends.levanter.train import LoggerRecords
     from llmpipe.train.metrics import write_records
 
     def line(step, loss):
@@ -239,14 +245,40 @@ def test_records_start_afresh_unless_resumed(tmp_path):
         rec.write()
         assert {r["step"]: r["loss"] for r in map(json.loads, path.read_text().splitlines())} == want
 
+
+def test_resume_false_restarts_once(tmp_path):
+    """train.resume false: the first attempt removes the run id's checkpoints and exports (no other run's);
+    a retry under the same settings keeps the restart's own; other settings, or resuming in between, make
+    a new restart. Levanter runs the config without load_checkpoint false (it would never resume)."""
+    from llmpipe.backends.levanter.train import begin_restart, end_restart, run_settings, runnable
+
     cfg = cfgmod.validate({"levanter": {"run_id": "r"}, "train": {"resume": False}})
-    out = levanter_config(cfg, tmp_path / "cache", tmp_path / "ref", tmp_path / "out")
-    kept = tmp_path / "out" / "checkpoints" / "other"
-    for d in (tmp_path / "out" / "checkpoints" / "r" / "step-3", tmp_path / "out" / "hf" / "r" / "step-3", kept):
-        d.mkdir(parents=True)
-    start_afresh(out)
-    assert [p.name for p in (tmp_path / "out" / "checkpoints").iterdir()] == ["other"]
-    assert not (tmp_path / "out" / "hf" / "r").exists()
+    lev = levanter_config(cfg, tmp_path / "cache", tmp_path / "ref", tmp_path / "out")
+    ckpts, hf, kept = (tmp_path / "out" / d for d in ("checkpoints/r", "hf/r", "checkpoints/other"))
+
+    def steps(n):
+        for d in (ckpts / f"step-{n}", hf / f"step-{n}", kept):
+            d.mkdir(parents=True, exist_ok=True)
+
+    steps(3)  # the earlier run's
+    assert begin_restart(lev, run_settings(lev))
+    assert sorted(p.name for p in (tmp_path / "out" / "checkpoints").iterdir()) == ["other", "r"]
+    assert [p.name for p in ckpts.iterdir()] == ["restart.json"] and not hf.exists()
+    steps(5)  # the restart's own, then a retry
+    assert not begin_restart(lev, run_settings(lev)) and (ckpts / "step-5").is_dir() and (hf / "step-5").is_dir()
+    other = levanter_config(merge(cfg, {"train": {"lr": 1e-3}}), tmp_path / "cache", tmp_path / "ref", tmp_path / "out")
+    assert begin_restart(other, run_settings(other)) and not (ckpts / "step-5").exists()
+    steps(2)
+    end_restart(lev)  # a run with resume true in between
+    assert not (ckpts / "restart.json").exists() and (ckpts / "step-2").is_dir()
+    assert begin_restart(other, run_settings(other)) and not (ckpts / "step-2").exists()
+
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(lev))
+    ran = yaml.safe_load(runnable(config, lev).read_text())
+    assert "load_checkpoint" not in ran["trainer"] and {**ran["trainer"], "load_checkpoint": False} == lev["trainer"]
+    resumed = levanter_config(cfgmod.validate({"levanter": {"run_id": "r"}}), tmp_path / "c", tmp_path / "r", tmp_path / "o")
+    assert runnable(config, resumed) == config
 
 
 def test_optimizer_as_levanter_reads_it(tmp_path):
@@ -298,7 +330,7 @@ def test_dry_run_lists_levanter_rules(tmp_path):
     (work / "lev.yaml").write_text(yaml.safe_dump(run_config()))
     proc = snakemake(work, "-n", timeout=120)
     assert proc.returncode == 0, proc.stderr
-    for rule in ("levanter_cache", "levanter_config", "train_levanter", "export_hf", "evaluate"):
+    for rule in ("levanter_cache", "train_levanter", "export_hf", "evaluate"):
         assert f"rule {rule}:" in proc.stdout, rule
     assert "rule train_torch:" not in proc.stdout
 
@@ -478,3 +510,71 @@ def test_finished_run_is_a_no_op(trained, tmp_path):
     assert proc.returncode != 0 and "trained with other settings (optimizer.learning_rate" in said, said[-3000:]
     assert "Traceback" not in said
     assert not (tmp_path / "changed-final").exists()
+
+
+@pytest.mark.slow
+def test_neutral_settings_rerun_nothing(trained):
+    """After a finished run, settings that do not change the model (logging, saving, evaluation batch,
+    accumulation, threads) rerun neither training nor export; the learning rate reruns training."""
+    work = trained["work"]
+    base = (work / "lev.yaml").read_text()
+    neutral = merge(
+        run_config(),
+        {
+            "train": {"log_interval": 3, "save_interval": 7, "eval_interval": 9, "micro_batch_size": 4, "threads": 2},
+            "eval": {"batch_size": 2, "max_batches": 3},
+            "levanter": {"save_minutes": 5},
+        },
+    )
+    try:
+        (work / "lev.yaml").write_text(yaml.safe_dump(neutral))
+        proc = snakemake(work, "-n", timeout=120)  # plan (memory per micro batch) and evaluate (its batch) rerun
+        assert proc.returncode == 0, proc.stdout[-3000:]
+        assert all(f"rule {r}:" not in proc.stdout for r in ("train_levanter", "export_hf")), proc.stdout[-3000:]
+        (work / "lev.yaml").write_text(yaml.safe_dump(merge(neutral, {"train": {"lr": 1e-3}})))
+        proc = snakemake(work, "-n", timeout=120)
+        assert proc.returncode == 0 and "rule train_levanter:" in proc.stdout, proc.stdout[-3000:]
+    finally:
+        (work / "lev.yaml").write_text(base)
+
+
+@pytest.mark.slow
+def test_restart_is_resumed_by_its_retry(trained, tmp_path):
+    """train.resume false (load_checkpoint false): the first attempt removes the earlier run's checkpoints
+    and trains from step 0; its retry after an interruption resumes the restart's own checkpoint, instead
+    of starting over again, and ends with the same model."""
+    run = trained["run"]
+    lev = yaml.safe_load((run / "train/levanter/config.yaml").read_text())
+    out, steps = tmp_path / "out", 12
+    shutil.copytree(run / "checkpoints/levanter/checkpoints/lev", out / "checkpoints/lev")  # the earlier run
+    lev["trainer"].update(load_checkpoint=False, num_train_steps=steps, log_dir=str(out / "logs"))
+    lev["trainer"]["checkpointer"].update(base_path=str(out / "checkpoints"), keep=[{"every": 5}])
+    lev.update(hf_save_path=str(out / "hf"), hf_save_steps=steps)
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(lev))
+    env = {**os.environ, "PYTHONPATH": str(trained["work"] / "src")}
+
+    def levanter_train(final):
+        args = ["-m", "llmpipe", "levanter-train", "--levanter-config", str(config), "--out", str(final)]
+        args += ["--metrics", str(tmp_path / "metrics.jsonl"), "--jax-platforms", "cpu"]
+        proc = subprocess.run([str(LEV_PY), *args], capture_output=True, text=True, timeout=600, env=env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc.stderr
+
+    first = levanter_train(tmp_path / "final1")
+    assert "removing" in first and "No checkpoint found" in first, first[-3000:]
+    saved = sorted(int(p.parent.name.split("-")[1]) for p in (out / "checkpoints/lev").glob("step-*/metadata.json"))
+    assert saved[-1] == steps - 1 and len(saved) >= 2, saved
+    for step in saved[1:]:  # interrupted after its first checkpoint: the later ones and the export never made
+        shutil.rmtree(out / f"checkpoints/lev/step-{step}")
+    shutil.rmtree(out / "hf")
+    second = levanter_train(tmp_path / "final2")
+    assert "removing" not in second and f"Loading checkpoint from {out / 'checkpoints/lev'}/step-{saved[0]}" in second
+    summary = json.loads((tmp_path / "final2/train_summary.json").read_text())
+    assert summary["steps"] == steps and summary["resumed_from"].endswith(f"step-{saved[0]}")
+    recs = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs] == list(range(recs[0]["step"], steps + 1))
+    from safetensors.numpy import load_file
+
+    a, b = (load_file(tmp_path / f / "model.safetensors") for f in ("final1", "final2"))
+    assert a.keys() == b.keys() and all(np.allclose(a[k], b[k], rtol=0, atol=1e-5) for k in a)

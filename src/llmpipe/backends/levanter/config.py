@@ -18,8 +18,8 @@ The mapping (the one place it lives; README "TPU path with Levanter" repeats it)
   train.save_interval          trainer.checkpointer.keep: [{every: save_interval}] (+ a time-based one every
                                levanter.save_minutes; the last step is always saved)
   train.seed                   trainer.seed (model init)
-  train.resume                 false: trainer.load_checkpoint false, and levanter-train removes the run id's
-                               old checkpoints and exports first (the run starts again)
+  train.resume                 false: trainer.load_checkpoint false; levanter-train then restarts the run once
+                               (removes the run id's old checkpoints and exports; its retries resume the restart)
   train.precision / levanter.mp  trainer.mp: fp32 -> f32, bf16 -> p=f32,c=bfloat16, auto -> bf16 compute when
                                libtpu is installed (a TPU environment) or JAX_PLATFORMS names tpu/cuda, else f32
   train.seq_len                model.max_seq_len and train_seq_len
@@ -188,24 +188,33 @@ def levanter_config(cfg: dict, cache: str | Path, reference: str | Path, output:
     return merge(out, lev["extra"])
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(
-        prog="llmpipe levanter-config", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument("--config", required=True, help="llmpipe config (YAML/JSON file or JSON text)")
-    p.add_argument("--cache", required=True, help="levanter cache folder (llmpipe levanter-cache)")
-    p.add_argument("--tokenizer", required=True, help="local HF tokenizer folder")
-    p.add_argument("--init", required=True, help="init checkpoint folder (config.json; the base model if model.init_from)")
-    p.add_argument("--output", required=True, help="Levanter's checkpoints, HF exports and logs go here")
-    p.add_argument("--out", required=True, help="folder to write: config.yaml + reference/")
-    args = p.parse_args(argv)
-    cfg = cfgmod.load(args.config)
-    out = Path(args.out)
-    lev = levanter_config(cfg, args.cache, out / "reference", args.output)
+def write(cfg: dict, cache, tokenizer, init, output, out) -> Path:
+    """Write `out`/config.yaml and `out`/reference/ (atomically, as one folder); the config.yaml path."""
+    out = Path(out)
+    lev = levanter_config(cfg, cache, out / "reference", output)
     with atomic_path(out) as tmp:
-        reference_folder(args.init, args.tokenizer, tmp / "reference")
+        reference_folder(init, tokenizer, tmp / "reference")
         (tmp / "config.yaml").write_text(
             f"# written by llmpipe levanter-config from the llmpipe config; run: {cfg['run']}\n"
             + yaml.safe_dump(lev, sort_keys=False)
         )
     log.info("levanter config %s: %s", out / "config.yaml", json.dumps(lev["trainer"]))
+    return out / "config.yaml"
+
+
+def add_arguments(p: argparse.ArgumentParser, required: bool = True) -> None:
+    p.add_argument("--config", required=required, help="llmpipe config (YAML/JSON file or JSON text)")
+    p.add_argument("--cache", required=required, help="levanter cache folder (llmpipe levanter-cache)")
+    p.add_argument("--tokenizer", required=required, help="local HF tokenizer folder")
+    p.add_argument("--init", required=required, help="init checkpoint folder (config.json; the base model if model.init_from)")
+    p.add_argument("--output", required=required, help="Levanter's checkpoints, HF exports and logs go here")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(
+        prog="llmpipe levanter-config", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_arguments(p)
+    p.add_argument("--out", required=True, help="folder to write: config.yaml + reference/")
+    args = p.parse_args(argv)
+    write(cfgmod.load(args.config), args.cache, args.tokenizer, args.init, args.output, args.out)

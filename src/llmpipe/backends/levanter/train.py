@@ -3,7 +3,11 @@ export into the backend's `final/` folder. Runs in the Levanter environment.
 
 - Resume: the config's trainer.id is fixed, so a rerun continues from the newest complete checkpoint
   under <output>/checkpoints/<id>/ (Levanter's own discovery); a finished run trains no step again;
-  checkpoints made with other settings are refused (llmpipe-settings.json beside them).
+  checkpoints made with other settings are refused (llmpipe-settings.json beside them). Under
+  trainer.load_checkpoint false (train.resume false) the run restarts once: restart.json there marks it,
+  so a retry goes on from the restart's checkpoints instead of starting over again.
+- Config: --levanter-config runs a config.yaml as it is; --workdir writes it first (levanter-config's
+  inputs), as the train_levanter rule does, so settings that do not change the model rerun nothing.
 - Metrics: Levanter's json_logger lines (stdout/stderr) become <metrics> (metrics.jsonl, one line per
   step: step, loss, lr, tokens, tokens_per_s, epoch; val_loss at eval steps; grad_norm where Levanter
   logs it), merged with an interrupted run's. Levanter logs from its third step on.
@@ -15,6 +19,7 @@ export into the backend's `final/` folder. Runs in the Levanter environment.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import logging
 import os
@@ -30,7 +35,7 @@ import yaml
 from llmpipe.backends.levanter import require_levanter
 from llmpipe.io import atomic_path, write_json
 from llmpipe.train.metrics import read_records, write_records
-from llmpipe.train.resume import init_sha256
+from llmpipe.train.resume import RESTART, init_sha256
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +128,7 @@ NEUTRAL = {
     "trainer.checkpointer.save_interval",
     "trainer.checkpointer.keep",
     "trainer.steps_per_eval",
+    "trainer.per_device_parallelism",  # train.micro_batch_size: accumulation only (RESUME_NEUTRAL)
     "trainer.per_device_eval_parallelism",
     "trainer.max_eval_batches",
     "trainer.load_checkpoint",
@@ -154,11 +160,11 @@ def run_settings(lev: dict) -> dict:
     return want
 
 
-def check_resume(lev: dict) -> None:
+def check_resume(lev: dict, want: dict | None = None) -> None:
     """Refuse to resume checkpoints trained with other settings (hyperparameters, model, data order) or on
     other data or another base model; paths, logging and save / eval frequency may change. Records this
-    run's settings beside its checkpoints."""
-    want = run_settings(lev)
+    run's settings (`want`: run_settings, computed when not given) beside its checkpoints."""
+    want = run_settings(lev) if want is None else want
     root = f"{lev['trainer']['checkpointer']['base_path']}/{lev['trainer']['id']}"
     fs, path = fsspec.core.url_to_fs(root)
     record = f"{path}/llmpipe-settings.json"
@@ -178,15 +184,53 @@ def check_resume(lev: dict) -> None:
         fh.write(json.dumps(want, indent=1, sort_keys=True))
 
 
-def start_afresh(lev: dict) -> None:
-    """train.resume false: this run id's checkpoints and HF exports are removed, so it trains from the
-    start and nothing of the old run is published or resumed later."""
+def _marker(lev: dict):
+    fs, path = fsspec.core.url_to_fs(f"{lev['trainer']['checkpointer']['base_path']}/{lev['trainer']['id']}")
+    return fs, path, f"{path}/{RESTART}"
+
+
+def begin_restart(lev: dict, want: dict) -> bool:
+    """train.resume false (trainer.load_checkpoint false): the run restarts once. True: it begins now, this
+    run id's checkpoints and HF exports removed, then RESTART records the run's settings; False: a restart
+    under these settings began already and this is its retry or rerun (a Slurm retry, --rerun-incomplete),
+    which goes on from the restart's own checkpoints (llmpipe.train.resume.begin_restart for the others)."""
+    fs, path, marker = _marker(lev)
+    if fs.exists(marker) and json.loads(fs.cat_file(marker)).get("settings") == want:
+        log.info("train.resume is false: the restart recorded in %s goes on from its own checkpoints", marker)
+        return False
     run_id = lev["trainer"]["id"]
     for root in (f"{lev['trainer']['checkpointer']['base_path']}/{run_id}", f"{lev['hf_save_path']}/{run_id}"):
-        fs, path = fsspec.core.url_to_fs(root)
-        if fs.exists(path):
+        rfs, rpath = fsspec.core.url_to_fs(root)
+        if rfs.exists(rpath):
             log.warning("train.resume is false: removing %s (the earlier run's checkpoints / exports)", root)
-            fs.rm(path, recursive=True)
+            rfs.rm(rpath, recursive=True)
+    fs.makedirs(path, exist_ok=True)
+    with fs.open(marker, "w") as fh:
+        fh.write(json.dumps({"settings": want}, indent=1, sort_keys=True))
+    return True
+
+
+def end_restart(lev: dict) -> None:
+    """Resuming again (load_checkpoint not false): a later train.resume false is a new restart."""
+    fs, _, marker = _marker(lev)
+    if fs.exists(marker):
+        fs.rm(marker)
+
+
+def runnable(config_path: Path, lev: dict) -> Path:
+    """The config Levanter runs: as written, but without trainer.load_checkpoint false (begin_restart did the
+    fresh start; Levanter then finds no checkpoint, or on a retry the restart's own), beside it."""
+    if lev["trainer"].get("load_checkpoint") is not False:
+        return config_path
+    run = copy.deepcopy(lev)
+    del run["trainer"]["load_checkpoint"]
+    out = config_path.with_name(f"{config_path.stem}.run.yaml")
+    with atomic_path(out) as tmp:
+        tmp.write_text(
+            f"# {config_path.name} as levanter-train runs it (llmpipe restarts the run itself)\n"
+            + yaml.safe_dump(run, sort_keys=False)
+        )
+    return out
 
 
 def records_for(lev: dict, metrics: str | Path | None) -> LoggerRecords:
@@ -270,29 +314,41 @@ def publish(lev: dict, out: str | Path, rec: LoggerRecords, resumed_from: str | 
 
 def run(config_path: str | Path, out: str | Path, metrics: str | Path | None, jax_platforms: str = "") -> dict:
     require_levanter()
-    lev = yaml.safe_load(Path(config_path).read_text())
-    rec = records_for(lev, metrics)
+    config_path = Path(config_path)
+    lev = yaml.safe_load(config_path.read_text())
+    rec, want = records_for(lev, metrics), run_settings(lev)
     if lev["trainer"].get("load_checkpoint") is False:
-        start_afresh(lev)
-    check_resume(lev)  # before a finished run is published again: it must have been trained as configured
+        begin_restart(lev, want)
+    else:
+        end_restart(lev)
+    check_resume(lev, want)  # before a finished run is published again: it must have been trained as configured
     resumed_from = finished_checkpoint(lev)
     if resumed_from is not None:
         rec.write()
     else:
-        resumed_from = train_lm(config_path, lev, rec, jax_platforms)
+        resumed_from = train_lm(runnable(config_path, lev), lev, rec, jax_platforms)
     return publish(lev, out, rec, resumed_from)
 
 
 def main(argv: list[str] | None = None) -> None:
+    from llmpipe import config as cfgmod
+    from llmpipe.backends.levanter import config as levconfig
+
     p = argparse.ArgumentParser(
         prog="llmpipe levanter-train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--levanter-config", required=True, help="config.yaml written by llmpipe levanter-config")
+    p.add_argument("--levanter-config", help="a config.yaml written by llmpipe levanter-config, run as it is")
+    p.add_argument("--workdir", help="or: write config.yaml + reference/ here first from --config ... --output")
+    levconfig.add_arguments(p, required=False)
     p.add_argument("--out", required=True, help="HF-format folder to write (checkpoints/levanter/final)")
     p.add_argument("--metrics", help="metrics.jsonl to write")
     p.add_argument("--jax-platforms", default="", help="JAX_PLATFORMS for Levanter (cpu, tpu); empty: JAX chooses")
     args = p.parse_args(argv)
+    parts = (args.config, args.cache, args.tokenizer, args.init, args.output)
+    if bool(args.levanter_config) == bool(args.workdir) or (args.workdir and not all(parts)):
+        p.error("give --levanter-config, or --workdir with --config, --cache, --tokenizer, --init and --output")
+    config = args.levanter_config or levconfig.write(cfgmod.load(args.config), *parts[1:], args.workdir)
     try:
-        run(args.levanter_config, args.out, args.metrics, args.jax_platforms)
+        run(config, args.out, args.metrics, args.jax_platforms)
     except ValueError as exc:  # checkpoints of other settings: one line, the ways out in it
         raise SystemExit(f"llmpipe levanter-train: {exc}") from None
