@@ -27,7 +27,7 @@ CASES = [
     (8, 8, 2, 2, False, True, 1, False),  # MHA, coalesced qkv_proj
     (8, 8, 4, 4, False, False, 1, True),  # MHA, separate, tied, uneven pp split (5 layers / 4)
     (8, 8, 8, 1, False, True, 1, True),  # MHA coalesced at tp 8, tied
-    (8, 8, 8, 2, True, True, 1, False),  # MHA through the GQA QKV layer (kv = tp)
+    (8, 8, 8, 2, True, False, 1, False),  # MHA through the GQA QKV layer (kv = tp), unfused
     (8, 2, 1, 2, False, True, 1, False),  # GQA without qkv_linear at tp 1
     (8, 2, 2, 1, False, True, 1, True),  # GQA without qkv_linear (fuse_qkv has no effect)
     (8, 2, 2, 2, True, False, 1, False),  # GQA, qkv_linear, weight_q/k/v
@@ -233,6 +233,7 @@ def test_pipeline_split_gives_the_remainder_to_later_stages():
         (dict(tp=8, qkv_linear=True, kv_size_multiplier=2), 8, 2, "kv_size_multiplier 2 must equal tp / num_key_value_heads = 4"),
         (dict(tp=2, qkv_linear=True, kv_size_multiplier=1), 16, 4, "multiple of num_key_value_heads"),
         (dict(tp=1, qkv_linear=True), 8, 2, "qkv_linear needs tp > 1"),
+        (dict(tp=8, qkv_linear=True, fuse_qkv=True), 8, 8, "qkv_linear with fuse_qkv on an MHA model"),
         (dict(tp=3), 8, 8, "tp 3 must divide num_attention_heads 8"),
         (dict(tp=4), 8, 2, "tp 4 must divide num_key_value_heads 2"),
         (dict(tp=2, kv_size_multiplier=2), 8, 2, "needs qkv_linear"),

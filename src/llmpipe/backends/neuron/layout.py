@@ -130,6 +130,12 @@ class Layout:
                     f"kv_size_multiplier {kvm} must equal tp / num_key_value_heads = {tp // d.kv_heads} "
                     f"with qkv_linear (one KV head per rank; the trainer gets the same value as --kv_replicator)"
                 )
+            if self.fuse_qkv and mha:  # modeling_llama_nxd.py LlamaAttention.forward's first branch
+                errs.append(
+                    "qkv_linear with fuse_qkv on an MHA model (num_key_value_heads == num_attention_heads): NxD's "
+                    "attention then takes its coalesced branch and splits the GQA layer's output (a tuple) on the "
+                    "first step: set fuse_qkv false (q/k/v in the GQA layer), or qkv_linear false (coalesced qkv_proj)"
+                )
             if coalesce:
                 errs.append("coalesce_qkv applies without qkv_linear only (qkv_linear has its own fused layout: fuse_qkv)")
             coalesce = False
