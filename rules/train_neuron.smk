@@ -9,6 +9,11 @@ NEURON_LAYOUT = [
     *(f"neuron.{k}" for k in ("vpp", "kv_size_multiplier", "qkv_linear", "fuse_qkv", "coalesce_qkv", "hw_backend")),
 ]
 NEURON_RUN = ("results_dir", "model.init_from", "train", "parallel", "neuron")
+# neuron.* keys that change how a run is launched or compiled, not the trained model: left out of
+# train_neuron's rerun trigger (precompile keeps all but master_port: its graphs and the cache they go to;
+# when it reruns, training follows through its new marker, finds a finished run and launches nothing).
+# Not ancient(): Snakemake 9.27.1 then skips a dependent's own params check while its input's job reruns.
+NEURON_LAUNCH = tuple(f"neuron.{k}" for k in ("extract_steps", "master_port", "python", "nxd_dir", "compile_cache"))
 
 
 rule neuron_shard:
@@ -43,7 +48,7 @@ rule neuron_precompile:
     resources:
         **train_resources(),
     params:
-        **train_cfg_json(*NEURON_RUN, keep=("train.micro_batch_size",)),  # the compiled graphs' shapes
+        **train_cfg_json(*NEURON_RUN, keep=("train.micro_batch_size",), neutral=("neuron.master_port",)),  # graph shapes
         ckpt=lambda wildcards, input: Path(input.shards).parent,
         metrics=f"{RUN}/train/nxd_precompile_metrics.json",
         attempts=attempts_log("neuron_precompile"),
@@ -68,7 +73,7 @@ rule train_neuron:
     resources:
         **train_resources(),
     params:
-        **train_cfg_json(*NEURON_RUN),
+        **train_cfg_json(*NEURON_RUN, neutral=NEURON_LAUNCH),
         ckpt=lambda wildcards, input: Path(input.shards).parent,
         metrics=f"{RUN}/train/nxd_metrics.json",
         attempts=attempts_log("train_neuron"),

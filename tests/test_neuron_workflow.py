@@ -151,45 +151,43 @@ def test_neuron_dag_runs_end_to_end_with_a_fake_trainer(tmp_path):
     assert json.loads((neuron / "final/config.json").read_text())["num_hidden_layers"] == 3
     assert (neuron / "final/tokenizer.json").is_file()
 
-    # a changed compiler flag reruns precompile (and what follows it)
-    cfg["neuron"]["cc_flags"] = ["--model-type=transformer", "-O2"]
+    def dry_run(**sections):
+        changed = {k: {**cfg[k], **v} for k, v in sections.items()}
+        (work / "neuron.yaml").write_text(json.dumps({**cfg, **changed}))
+        cmd = [sys.executable, "-m", "snakemake", "results/t/checkpoints/neuron/final", "-n", "--profile", "profiles/local"]
+        return subprocess.run(
+            cmd + ["--configfile", "neuron.yaml"], cwd=work, env=env, capture_output=True, text=True, timeout=300
+        )
+
+    # a changed compiler flag reruns precompile and training (and what follows them)
+    dry = dry_run(neuron={"cc_flags": ["--model-type=transformer", "-O2"]})
+    assert dry.returncode == 0 and "rule neuron_precompile:" in dry.stdout and "rule neuron_shard:" not in dry.stdout
+    assert "rule train_neuron:" in dry.stdout
+    # the launch port is no setting of the model or the graphs: after a finished run it reruns nothing
+    dry = dry_run(neuron={"master_port": 44001})
+    assert dry.returncode == 0 and "Nothing to be done" in dry.stdout + dry.stderr, dry.stdout[-3000:]
+    # training rerun on a finished run (forced here; a rerun precompile does the same): nothing launched
+    (neuron / "fake_train.json").unlink()
     (work / "neuron.yaml").write_text(json.dumps(cfg))
-    dry = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "snakemake",
-            "results/t/checkpoints/neuron/final",
-            "-n",
-            "--profile",
-            "profiles/local",
-            "--configfile",
-            "neuron.yaml",
-        ],
+    forced = subprocess.run(
+        [sys.executable, "-m", "snakemake", "results/t/checkpoints/neuron/train.json", "--forcerun", "train_neuron"]
+        + ["--profile", "profiles/local", "--configfile", "neuron.yaml", "--no-hooks"],
         cwd=work,
         env=env,
         capture_output=True,
         text=True,
         timeout=300,
     )
-    assert dry.returncode == 0 and "rule neuron_precompile:" in dry.stdout and "rule neuron_shard:" not in dry.stdout
+    assert forced.returncode == 0, forced.stdout[-3000:] + forced.stderr[-3000:]
+    again = json.loads((neuron / "train.json").read_text())
+    assert again["launched"] is False and again["last_step"] == 4 and not (neuron / "fake_train.json").exists()
 
     # the fingerprint neuron-train recorded beside the steps is the one the workflow computes: a changed
     # setting stops the dry run before any job, and nothing is deleted (an unchanged one ran on above)
     from llmpipe.backends.neuron.resume import RECORD
 
     assert json.loads((neuron / "nxd" / RECORD).read_text())["fingerprint"]["neuron"]["tp"] == 2
-    cfg["train"]["lr"] = 0.0123
-    (work / "neuron.yaml").write_text(json.dumps(cfg))
-    dry = subprocess.run(
-        [sys.executable, "-m", "snakemake", "results/t/checkpoints/neuron/final", "-n", "--profile", "profiles/local"]
-        + ["--configfile", "neuron.yaml"],
-        cwd=work,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    dry = dry_run(train={"lr": 0.0123})
     text = dry.stdout + dry.stderr
     assert dry.returncode != 0 and "has checkpoints trained with other settings (step_4: train.lr " in text, text[-3000:]
     assert (neuron / "nxd/step_4/done").is_file()

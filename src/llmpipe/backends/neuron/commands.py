@@ -415,6 +415,30 @@ def check_inputs(cfg: dict, init: str, data: str, checkpoint_dir: str) -> None:
         raise NeuronConfigError(f"{checkpoint_dir}/pretrained_weight/model missing: run neuron-shard first")
 
 
+def finished(cfg: dict, ckpt: Path, out: str, env: dict, cmd: list[str]) -> bool:
+    """After prepare() (the fingerprint checked, a restart begun): a run whose step_<max_steps> is complete
+    launches nothing (NxD's trainers would take a whole allocation, resume, and train a step past the end
+    before their exit check); its summary is written again. True when so."""
+    steps = complete_steps(ckpt)
+    if not steps or steps[-1] < cfg["train"]["max_steps"]:
+        return False
+    log.info("%s has step_%d complete: the run is finished, nothing launched", ckpt, steps[-1])
+    write_json(out, {**summary(cfg, env, cmd, "train"), "last_step": steps[-1], "launched": False})
+    return True
+
+
+def summary(cfg: dict, env: dict, cmd: list[str], phase: str) -> dict:
+    return {
+        "phase": phase,
+        "command": cmd,
+        "env": env,
+        "compile_cache": compile_cache(cfg),
+        "cc_flags": env["NEURON_CC_FLAGS"],
+        "nodes": cfg["parallel"]["nnodes"],
+        **batch_plan(cfg),
+    }
+
+
 def main(argv: list[str] | None = None, phase: str = "train") -> None:
     p = argparse.ArgumentParser(
         prog=f"llmpipe neuron-{phase}", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -441,6 +465,8 @@ def main(argv: list[str] | None = None, phase: str = "train") -> None:
         check_inputs(cfg, args.init, args.data, args.checkpoint_dir)
         if phase == "train":
             prepare(cfg, Path(args.init), Path(args.data), Path(args.checkpoint_dir))
+            if finished(cfg, Path(args.checkpoint_dir), args.out, env, cmd):
+                return
         if phase == "train" and script_kind(cfg) == "tp_zero1" and any(Path(args.checkpoint_dir).glob("step_*")):
             log.warning(
                 "resuming with %s: it restores the step, weights and optimizer but reads the data from its start "
@@ -458,15 +484,7 @@ def main(argv: list[str] | None = None, phase: str = "train") -> None:
     rc = subprocess.call(cmd, env=run_env)
     if rc:
         raise SystemExit(f"llmpipe neuron-{phase}: the {phase} command exited with {rc}")
-    record = {
-        "phase": phase,
-        "command": cmd,
-        "env": env,
-        "compile_cache": compile_cache(cfg),
-        "cc_flags": env["NEURON_CC_FLAGS"],
-        "nodes": cfg["parallel"]["nnodes"],
-        **batch_plan(cfg),
-    }
+    record = summary(cfg, env, cmd, phase)
     if phase == "train":
         steps = complete_steps(Path(args.checkpoint_dir))
         if not steps or steps[-1] < cfg["train"]["max_steps"]:
