@@ -16,6 +16,7 @@ import pytest
 import yaml
 from safetensors import safe_open
 
+from llmpipe import config as cfgmod
 from llmpipe.data.get_data import get_data, load_sources
 from llmpipe.data.readers import SourceChanged, opener
 from llmpipe.data.sources import assign
@@ -271,7 +272,49 @@ def test_snakemake_store_with_ranges_totals_equal_the_modulo_run(tmp_path, corpu
         sources = json.loads((work / f"results/{run}/data/sources.json").read_text())["sources"]
         assert ("ranges" in sources[0]) == (split_at is not None)
         totals[run] = (manifest["totals"], manifest["by_source"], manifest["read"]["skipped"])
+        big, small = ((work / f).stat().st_size for f in ("big.jsonl", "small.jsonl"))
+        reads = manifest["source_reads"]  # get-data's pass over a file it cuts into ranges is counted: x2.0 for it
+        assert reads["get_data_bytes"] == (big if split_at is not None else 0)
+        assert reads["bytes_read"] == reads["source_bytes"] + reads["get_data_bytes"] == big + small + reads["get_data_bytes"]
         if split_at is not None:
-            assert manifest["read"]["bytes_read"] == {"big.jsonl": (work / "big.jsonl").stat().st_size}
+            assert manifest["read"]["bytes_read"] == {"big.jsonl": big}
+            assert reads["not_read_once"] == {"big.jsonl": {"size": big, "bytes_read": 2 * big}}
     assert totals["ranges"] == totals["modulo"]
+    # get-data again, the file unchanged: the cut comes from its cache, no byte read
+    with contextlib.chdir(work):
+        cfg = cfgmod.validate(yaml.safe_load((work / "ranges.yaml").read_text()))
+        again = get_data(cfg["data"], work / "results/ranges/data/sources.json")
+    assert again["scanned"] == {} and "ranges" in again["sources"][0]
     assert np.sum([t["documents"] for t in totals["ranges"][0].values()]) > 0
+
+
+@pytest.mark.parametrize("ends", ["\n", "\r\n", "\r"])
+def test_split_points_stream_a_huge_line(tmp_path, monkeypatch, ends):
+    """A line longer than HUGE_RECORD_BYTES (a record, and one of blanks only) is classified as it streams,
+    not held: the same cuts as holding it (record indices, line numbers, offsets), and every cut a record
+    start. Before, get-data held such a line and copied it once per block read (quadratic time)."""
+    from llmpipe.data.readers import jsonl, limits
+    from llmpipe.data.readers.jsonl import split_points
+
+    lines = [json.dumps({"text": d}) for d in corpus_docs(40)]
+    lines[7] = json.dumps({"text": "long " * 3000})  # 15 KB
+    lines[21] = " " * 9000  # blank: no record
+    lines[30] = json.dumps({"text": "x" * 20000})
+    path = tmp_path / "c.jsonl"
+    path.write_bytes(("\ufeff" + ends.join(lines) + ends).encode())
+    whole = split_points(str(path), 16)
+    monkeypatch.setattr(limits, "STRIDE_BLOCK", 1024)
+    monkeypatch.setattr(limits, "HUGE_RECORD_BYTES", 4096)
+    streamed_lines = []
+
+    class Counted(jsonl.HugeLine):
+        def __init__(self, head, fh, size):
+            streamed_lines.append(len(head))
+            super().__init__(head, fh, size)
+
+    monkeypatch.setattr(jsonl, "HugeLine", Counted)
+    streamed = split_points(str(path), 16)
+    assert streamed == whole and len(streamed_lines) >= 3 and max(streamed_lines) <= 4096 + 1024  # held: <= a block more
+    data = path.read_bytes()
+    starts = {0} | {m + len(ends) for m in range(len(data)) if data.startswith(ends.encode(), m)}
+    assert all(at in starts or at == len(data) for at, _, _ in whole)

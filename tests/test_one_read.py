@@ -7,6 +7,7 @@ each source's sha256 is taken from that one read (get-data reads no source)."""
 import gzip
 import hashlib
 import json
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -142,12 +143,22 @@ def test_manifest_counts_reads_and_names_a_grouping_that_reads_twice(tmp_path, t
         token_store_main(["--shards", *map(str, jobs), "--sources", sources, "--out", str(out)])
 
 
-def test_a_source_that_changed_size_after_get_data_stops_the_job(tmp_path, tok):
+@pytest.mark.parametrize("kind", ["jsonl", "jsonl_max_records", "parquet"])
+def test_a_source_that_changed_size_after_get_data_stops_the_job(tmp_path, tok, kind):
     """Found once the shards are written: they are taken away again, in a job (no shard stays looking
-    complete beside the missing read.json) and for one shard alone (`--shard`, which checked nothing)."""
-    cfg, source = _setup(tmp_path, "jsonl")
-    with open(source, "a") as fh:
-        fh.write(json.dumps({"text": "one more"}) + "\n")
+    complete beside the missing read.json) and for one shard alone (`--shard`, which checked nothing).
+    Also where the readers stop before the new bytes: at Parquet's footer, at max_records_per_source."""
+    cfg, source = _setup(tmp_path, kind.removesuffix("_max_records"))
+    if kind == "jsonl_max_records":  # 2 MB: the first 5 records are read long before the end
+        Path(source).write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCS * 80))
+        get_data(cfg["data"], tmp_path / "sources.json")
+    if kind == "parquet":  # a new file with one more row: its footer moved, the readers read up to it
+        pq.write_table(pa.table({"text": DOCS + ["one more"]}), source, row_group_size=16)
+    else:
+        with open(source, "a") as fh:
+            fh.write(json.dumps({"text": "one more"}) + "\n")
+    if kind == "jsonl_max_records":
+        cfg["data"]["max_records_per_source"] = 5
     with pytest.raises(SourceSizeChanged, match="changed after get-data recorded its size"):
         tokenize_job(cfg, str(tmp_path / "sources.json"), 0, tok, tmp_path / "job", 1, per_job=SHARDS)
     assert list((tmp_path / "job").iterdir()) == []
@@ -158,6 +169,33 @@ def test_a_source_that_changed_size_after_get_data_stops_the_job(tmp_path, tok):
     with pytest.raises(SystemExit, match="llmpipe tokenize: error: data source .* changed after get-data"):
         tokenize_main([*args, "--tokenizer", str(tok), "--out", str(shard)])
     assert not shard.exists()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_job_fits_an_open_files_limit_of_1024(tmp_path, tok, threads):
+    """2 split files a shard: 600 shards in one process, or 550 in each of 2 workers, kept open need 1200 /
+    1100 (before, kept open up to 1024 shards a process: 'Too many open files' under the common soft limit of
+    1024). Run in a process with that limit."""
+    import subprocess
+    import sys
+
+    shards = 600 if threads == 1 else 1100
+    source = _write("jsonl", tmp_path)
+    cfg = tiny_config(tmp_path, data={"sources": [source], "num_shards": shards}, tokenizer={"source": str(tok)})
+    get_data(cfg["data"], tmp_path / "sources.json")
+    script = (
+        "import json, resource, sys\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (1024, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))\n"
+        "from llmpipe.data.tokenize import tokenize_job\n"
+        "cfg, sources, tok, out, threads, n = json.loads(sys.argv[1])\n"
+        "tokenize_job(cfg, sources, 0, tok, out, threads, per_job=n)\n"
+    )
+    job = tmp_path / "job"
+    args = json.dumps([cfg, str(tmp_path / "sources.json"), str(tok), str(job), threads, shards])
+    proc = subprocess.run([sys.executable, "-c", script, args], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(list(job.glob("shard-*.safetensors"))) == shards
+    assert json.loads((job / "read.json").read_text())["bytes_read"] == {source: Path(source).stat().st_size}
 
 
 def test_a_worker_failure_stops_the_job_naming_it(tmp_path, tok, monkeypatch):

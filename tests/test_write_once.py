@@ -83,12 +83,12 @@ def test_views_are_written_once_and_shards_kept_cached(tmp_path, small_window):
 
 
 def test_shard_written_by_reopened_split_files_is_the_same(tmp_path, monkeypatch):
-    """A process writing thousands of shards reopens each split file to append (shard_set.LAZY_FILES_OVER),
+    """A process whose shards' split files would not fit its open-files limit reopens each to append,
     with write-behind windows passed on the way (no page-cache reading here: runs wherever the suite does)."""
     monkeypatch.setattr(llmio, "WRITE_BEHIND_WINDOW", WINDOW)
     cfg, sources = gpt2_shard_inputs(tmp_path, corpus_docs(60))
     tokenize_shard(cfg, sources, 0, GPT2, tmp_path / "kept-open.safetensors")
-    monkeypatch.setattr(shard_set, "LAZY_FILES_OVER", 0)
+    monkeypatch.setattr(shard_set, "open_files_limit", lambda: 0)
     monkeypatch.setattr(shard_set, "BATCH_DOCS", 4)
     tokenize_shard(cfg, sources, 0, GPT2, tmp_path / "reopened.safetensors")
     assert (tmp_path / "reopened.safetensors").read_bytes() == (tmp_path / "kept-open.safetensors").read_bytes()

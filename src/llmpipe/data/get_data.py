@@ -1,10 +1,12 @@
 """get_data: resolve the corpus sources (braces, globs, URLs, HF ids) and describe them -> sources.json.
 
-The tokenize shards stream straight from these sources (no intermediate copy). No source byte is read here:
-local files are described by path and size (their sha256 is taken by the tokenize jobs as they read them,
-tokenize.source_checksums), remote ones by size and ETag / mtime. With fewer sources than data.num_shards, a local plain
-JSONL file of at least data.range_split_bytes is cut here into one byte range per shard at record
-starts ("ranges" of its entry, so they key every later output too): each tokenize job reads only its own.
+The tokenize shards stream straight from these sources (no intermediate copy). No source byte is read here
+but one: local files are described by path and size (their sha256 is taken by the tokenize jobs as they read
+them, tokenize.source_checksums), remote ones by size and ETag / mtime. With fewer sources than data.num_shards,
+a local plain JSONL file of at least data.range_split_bytes is cut here into one byte range per shard at record
+starts ("ranges" of its entry, so they key every later output too): each tokenize job reads only its own. The
+cut takes a pass over the file (record indices: document ids and the split stay those of a whole-file read),
+counted as "scanned" and in the store's source_reads (x2.0 for such a file), cached while the file is unchanged.
 """
 
 from __future__ import annotations
@@ -94,7 +96,7 @@ def get_data(data_cfg: dict, out: str | Path, threads: int = 1) -> dict:
                 lambda s: {"source": s, "unusable": bad[s]} if s in bad and "0 bytes" not in bad[s] else describe(s), sources
             )
         )
-    local = {}
+    local, scanned = {}, {}
     n, split = data_cfg["num_shards"], splits(data_cfg, sources, bad)
     for entry in entries:
         if entry["source"] not in split:
@@ -102,8 +104,9 @@ def get_data(data_cfg: dict, out: str | Path, threads: int = 1) -> dict:
         seen, stat = known.get(entry["source"], {}), local_stat(entry["source"])
         if seen.get("stat") == stat and seen.get("ranges", {}).get("shards") == n:
             ranges = seen["ranges"]["at"]  # unchanged file, same shard count: the same cut
-        else:
+        else:  # a pass over the whole file (record indices): counted in the store's source_reads
             ranges = [list(r) for r in split_points(entry["source"], n)]
+            scanned[entry["source"]] = entry["size"]
             log.info("%s: %d bytes cut into %d byte ranges at record starts", entry["source"], entry["size"], n)
         mine = local[entry["source"]] = {"stat": stat}
         if ranges[-1][0] != entry["size"]:
@@ -117,7 +120,14 @@ def get_data(data_cfg: dict, out: str | Path, threads: int = 1) -> dict:
     keyed = entries if mix is None else {"sources": entries, "mixture": mix}
     key = hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()
     # "spec": data.sources as configured (not in the key: the entries are what was found); tokenize checks it
-    manifest = {"sources": entries, "key": key, **({"mixture": mix} if mix else {}), "spec": data_cfg["sources"]}
+    # "scanned": bytes read here (the byte-range cut's pass), not in the key: a cached cut reads none
+    manifest = {
+        "sources": entries,
+        "key": key,
+        **({"mixture": mix} if mix else {}),
+        "spec": data_cfg["sources"],
+        "scanned": scanned,
+    }
     write_json(out, manifest)
     log.info("%d sources, %s bytes, key %s", len(entries), sum(e.get("size") or 0 for e in entries), key[:12])
     return manifest

@@ -37,7 +37,15 @@ log = logging.getLogger(__name__)
 SPLITS = ("train", "val")
 BATCH_DOCS, BATCH_CHARS, SAMPLE_DOCS = 256, 2 << 20, 64
 HEADER_ROOM = 16 << 10  # bytes before a shard's train tokens, for its safetensors header (more: the file is copied)
-LAZY_FILES_OVER = 1024  # shards in one process: above, split files are open only while written (file limits)
+FILES_MARGIN = 128  # open files a process needs besides its shards' 2 split files each (sources, pipes, libraries)
+
+
+def open_files_limit() -> int:
+    """This process's soft limit on open files (1024 on many Slurm and login nodes)."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return soft if soft != resource.RLIM_INFINITY else 1 << 30
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -193,7 +201,7 @@ class ShardSet:
         if self.fast is not None and not sample_agrees(self.hf, self.fast, self.backend, []):  # the fixed probes
             self.fast = None
         self.key = key_of(info.sha256) if key_of else ""
-        lazy = len(outs) > LAZY_FILES_OVER
+        lazy = 2 * len(outs) + FILES_MARGIN > open_files_limit()  # split files open only while written
         self.outs = {s: ShardOutput(s, p, self.dtype, lazy) for s, p in outs.items()}
         self.pending: list[tuple] = []
         self.chars = 0

@@ -233,12 +233,13 @@ def job_reads(job_dirs: list[Path]) -> list[tuple[dict, Path]]:
     return [(json.loads((d / READ_FILE).read_text()), d) for d in job_dirs]
 
 
-def source_reads(jobs: list[tuple[dict, Path]], entries: list[dict]) -> dict | None:
-    """Bytes the tokenize jobs (job_reads) read from the sources against the sources' sizes (sources.json's
-    entries): ratio 1.0 is one read of every byte. Sources read more (or less) than once are listed, the first 20."""
+def source_reads(jobs: list[tuple[dict, Path]], entries: list[dict], scanned: dict | None = None) -> dict | None:
+    """Bytes the tokenize jobs (job_reads), and get-data's scan of the files it cut into byte ranges
+    (`scanned`: sources.json), read from the sources against the sources' sizes (sources.json's entries):
+    ratio 1.0 is one read of every byte. Sources read more (or less) than once are listed, the first 20."""
     if not jobs:
         return None
-    read: dict[str, int] = {}
+    read: dict[str, int] = dict(scanned or {})
     for info, _ in jobs:
         for src, n in info["bytes_read"].items():
             read[src] = read.get(src, 0) + n
@@ -248,6 +249,7 @@ def source_reads(jobs: list[tuple[dict, Path]], entries: list[dict]) -> dict | N
     return {
         "source_bytes": total,
         "bytes_read": got,
+        "get_data_bytes": sum((scanned or {}).values()),
         "ratio": round(got / total, 4) if total else None,
         "not_read_once": dict(list(other.items())[:SHOW_OVER_READ]),
         "not_read_once_total": len(other),
@@ -293,7 +295,8 @@ def main(argv: list[str] | None = None) -> None:
         if args.sources:
             sources = json.loads(Path(args.sources).read_text())
             jobs = job_reads([Path(p) for p in args.shards if Path(p).is_dir()])
-            reads, sums = source_reads(jobs, sources["sources"]), source_checksums(jobs, sources["sources"])
+            reads = source_reads(jobs, sources["sources"], sources.get("scanned", {}))
+            sums = source_checksums(jobs, sources["sources"])
             key, mix = sources["key"], sources.get("mixture")
         build_manifest(shard_files(args.shards), args.out, key, mix, reads, sums)
     except ValueError as exc:  # a job folder without its read.json, a shard outside the store: one line

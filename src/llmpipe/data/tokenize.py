@@ -185,6 +185,7 @@ def source_checksums(d: dict, sources: list[str], entries: list[dict], shards) -
     out = []
     for i, a, b in sorted(spans):
         try:
+            SOURCE_HASHES.check_size(entries[i]["source"], entries[i]["size"])
             out.append([i, a, b, SOURCE_HASHES.digest(entries[i]["source"], a, b)])
         except OSError as exc:
             log.warning("data source %s: no sha256 (%s)", entries[i]["source"], exc)

@@ -10,6 +10,7 @@ import hashlib
 import json
 import logging
 import os
+from itertools import islice
 from pathlib import Path
 
 import numpy as np
@@ -234,35 +235,69 @@ def check_store(store: TokenStore, locate=None, mix: dict | None = None) -> dict
     return {"shards": len(m["shards"]), "bytes_hashed": hashed}
 
 
-def _retokenized(store: TokenStore, tokenizer, data_cfg: dict, sources: list[str], shard: int, mix, limit: int | None):
-    """(document id, expected ids) of shard `shard`'s documents in reading order, up to `limit`, in batches;
-    a document the encoder drops (data.long_pretoken: skip, as tokenize drops it) is left out."""
-    bos = store.manifest["tokenizer"]["bos_id"]
+def _shard_docs(data_cfg: dict, sources: list[str], shard: int, mix):
+    """(document id, text) of shard `shard`'s documents in its reading order (tokenize_shard's)."""
     plan = assign(sources, data_cfg["num_shards"], shard)
-    batch, seen = [], 0
+    for s_idx, source in plan.sources:
+        keep, stride, part = plan.reading(s_idx)  # a source split into byte ranges: only this shard's range
+        for r_idx, text in documents(source, data_cfg, ReadStats(), mixture.keeper(mix, s_idx, keep), stride, part):
+            yield doc_id(s_idx, r_idx), text
+
+
+def _samples(data_cfg: dict, sources: list[str], mix, sample: int):
+    """(shard, document id, text): each shard's first `sample` documents in its reading order, each source
+    read at most once for all the shards. A source dealt record by record across the shards (fewer
+    sources than shards) is read once, dealing to the shards until each has its sample: read once per
+    shard, it was read up to num_shards times."""
+    n = data_cfg["num_shards"]
+    if not assign(sources, n, 0).record_level:  # whole sources, each read by its one shard
+        for shard in range(n):
+            yield from ((shard, did, text) for did, text in islice(_shard_docs(data_cfg, sources, shard, mix), sample))
+        return
+    counts, full = [0] * n, 0
+    plans = [assign(sources, n, shard) for shard in range(n)]
+    for s_idx, source in plans[0].sources:
+        if full == n:
+            return
+        ranged = any(i == s_idx for i, _ in plans[0].ranges)  # byte ranges: each shard reads its own
+        for shard in range(n) if ranged else (None,):
+            if shard is not None and counts[shard] >= sample:
+                continue
+            keep, stride, part = plans[shard].reading(s_idx) if ranged else ((lambda r: counts[r % n] < sample), None, None)
+            for r_idx, text in documents(source, data_cfg, ReadStats(), mixture.keeper(mix, s_idx, keep), stride, part):
+                into = r_idx % n if shard is None else shard
+                yield into, doc_id(s_idx, r_idx), text
+                counts[into] += 1
+                full += counts[into] == sample
+                if (shard is not None and counts[shard] >= sample) or full == n:
+                    break
+
+
+def _encoded(store: TokenStore, tokenizer, docs):
+    """(key, expected ids) for (key, text) pairs, in batches; a document the encoder drops
+    (data.long_pretoken: skip, as tokenize drops it) is left out."""
+    bos = store.manifest["tokenizer"]["bos_id"]
+    batch = []
 
     def flush():
         out = [
-            (did, ([bos] if bos >= 0 else []) + ids + [store.eos_id])
-            for (did, _), ids in zip(batch, tokenizer([t for _, t in batch]))
+            (key, ([bos] if bos >= 0 else []) + ids + [store.eos_id])
+            for (key, _), ids in zip(batch, tokenizer([t for _, t in batch]))
             if ids is not None
         ]
         batch.clear()
         return out
 
-    for s_idx, source in plan.sources:
-        keep, stride, part = plan.reading(s_idx)  # a source split into byte ranges: only this shard's range
-        for r_idx, text in documents(source, data_cfg, ReadStats(), mixture.keeper(mix, s_idx, keep), stride, part):
-            if limit is not None and seen >= limit:
-                break
-            batch.append((doc_id(s_idx, r_idx), text))
-            seen += 1
-            if len(batch) >= 256:
-                yield from flush()
-        if limit is not None and seen >= limit:
-            break
+    for key, text in docs:
+        batch.append((key, text))
+        if len(batch) >= 256:
+            yield from flush()
     if batch:
         yield from flush()
+
+
+def _digest(ids) -> bytes:
+    return hashlib.blake2b(np.asarray(ids, dtype=np.int64).tobytes(), digest_size=16).digest()
 
 
 def _encoder(tokenizer_dir: Path, data_cfg: dict):
@@ -277,7 +312,7 @@ def locate_store_change(store, tokenizer_dir, data_cfg, sources, mix, shard: int
     try:
         offsets, ids = s.tensor(f"{split}.offsets"), s.tensor(f"{split}.doc_ids")
         index = {int(d): i for i, d in enumerate(ids)}
-        for did, want in _retokenized(store, _encoder(tokenizer_dir, data_cfg), data_cfg, sources, shard, mix, None):
+        for did, want in _encoded(store, _encoder(tokenizer_dir, data_cfg), _shard_docs(data_cfg, sources, shard, mix)):
             i = index.get(did)
             if i is None:
                 continue
@@ -299,20 +334,25 @@ def check_tokenization(
     """Re-tokenize up to `sample` documents per shard with the HF tokenizer; compare with the store."""
     if sample <= 0:
         return {"documents_retokenized": 0}
-    encode = _encoder(tokenizer_dir, data_cfg)
+    docs = (((shard, did), text) for shard, did, text in _samples(data_cfg, sources, mix, sample))
+    want = {}  # shard -> {doc id: digest of its expected ids}: small, whatever the shard count
+    for (shard, did), ids in _encoded(store, _encoder(tokenizer_dir, data_cfg), docs):
+        want.setdefault(shard, {})[did] = _digest(ids)
     checked = 0
     for shard, entry in enumerate(store.manifest["shards"]):
+        if shard not in want:
+            continue
         s = _Shard(store.root / entry["file"])
         try:
             index = {}  # doc id -> (split, start, end)
             for split in SPLITS:
                 offs, ids = s.tensor(f"{split}.offsets"), s.tensor(f"{split}.doc_ids")
                 index.update({int(d): (split, int(offs[i]), int(offs[i + 1])) for i, d in enumerate(ids)})
-            for did, want in _retokenized(store, encode, data_cfg, sources, shard, mix, sample):
+            for did, digest in want[shard].items():
                 if did not in index:
                     raise VerifyError(f"document {did:#x} (shard {shard}) is read from the sources but missing from {s.path}")
                 split, a, b = index[did]
-                if s.read(f"{split}.tokens", a, b).tolist() != want:
+                if _digest(s.read(f"{split}.tokens", a, b)) != digest:
                     raise VerifyError(f"document {did:#x} (shard {shard}, {s.path}): stored ids differ from the HF tokenizer's")
                 checked += 1
         finally:

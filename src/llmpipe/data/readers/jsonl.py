@@ -132,7 +132,7 @@ def split_points(url: str, n: int) -> list[tuple[int, int, int]]:
         targets = [k * size // n for k in range(1, n)]
         out = [(0, 0, 1)]
         pos = [0, 0]  # lines, records before the block
-        at, buf, first = 0, b"", True  # at: the block's byte offset
+        at, buf, first = 0, bytearray(), True  # at: the block's byte offset
         while True:
             chunk = fh.read(limits.STRIDE_BLOCK)
             buf += chunk
@@ -141,8 +141,19 @@ def split_points(url: str, n: int) -> list[tuple[int, int, int]]:
             if not cut:
                 if not chunk:
                     break
+                if len(buf) > limits.HUGE_RECORD_BYTES:  # one line too long to hold: classified as it streams
+                    held, base, counted = len(buf), pos[0], _Bounded(fh, 1 << 62, {}, url)
+                    huge = HugeLine(buf, counted, limits.STRIDE_BLOCK)  # takes buf's bytes
+                    if any(True for _ in _each_line([huge], None, pos, base)):  # a record at `at`
+                        while targets and targets[0] <= at:
+                            out.append((at, pos[1] - 1, base + 1))
+                            targets.pop(0)
+                    rest = huge.finish()
+                    at += held + counted.tally[url] - len(rest)  # the line and its end
+                    buf, first = bytearray(rest), False
                 continue
-            block, buf = buf[:cut], buf[cut:]
+            block = bytes(buf[:cut])
+            del buf[:cut]
             if first or b"\r" in block:
                 lines = block.splitlines(keepends=True)
                 line_at = np.concatenate([[0], np.cumsum([len(x) for x in lines], dtype=np.int64)])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 from collections import Counter
 from collections.abc import Iterator
 
@@ -98,11 +99,22 @@ class _Hashes:
                     h.update(data)
                     at += len(data)
         if at != end or any(s.start == start and s.end > end for s in spans):  # shrank, grew
-            raise SourceSizeChanged(
-                f"data source {url} changed after get-data recorded its size ({end} bytes, range from {start}): "
-                "run get-data again (Snakemake does when a corpus file changes)"
-            )
+            raise SourceSizeChanged(_changed(url, end, start))
         return h.hexdigest()
+
+    @staticmethod
+    def check_size(url: str, size: int) -> None:
+        """SourceSizeChanged unless local file `url` is `size` bytes now: a reader that stops early (Parquet at
+        its footer, max_records_per_source) never reaches bytes a grown file added."""
+        if os.stat(url.removeprefix("file://")).st_size != size:
+            raise SourceSizeChanged(_changed(url, size, 0))
+
+
+def _changed(url: str, end: int, start: int) -> str:
+    return (
+        f"data source {url} changed after get-data recorded its size ({end} bytes, range from {start}): "
+        "run get-data again (Snakemake does when a corpus file changes)"
+    )
 
 
 class SourceSizeChanged(RuntimeError):
