@@ -33,6 +33,7 @@ RESUME_NEUTRAL = {
     "slurm_auto_resume",
     "prefetch",  # when rows are read, not which
     "compile",  # the same math, kernels fused (resuming eager <-> compiled is fine)
+    "dist_timeout_minutes",
 }
 IDENTITY = ("init_sha256", "view")  # fingerprint entries that are not settings
 RESTART = "restart.json"  # in a checkpoint root: the fingerprint of the train.resume false restart begun there

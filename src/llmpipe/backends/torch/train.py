@@ -20,6 +20,7 @@ import logging
 import os
 import socket
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -51,8 +52,9 @@ log = logging.getLogger(__name__)
 class Dist:
     """Process group facts; a single process is world size 1."""
 
-    def __init__(self, group: bool = False):
-        """`group`: a process group even for one process (FSDP2 and DCP need one)."""
+    def __init__(self, group: bool = False, timeout_minutes: int | None = None):
+        """`group`: a process group even for one process (FSDP2 and DCP need one); `timeout_minutes`: its
+        collectives' timeout (train.dist_timeout_minutes; None: torch's default)."""
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         self.rank = int(os.environ.get("RANK", "0"))
         local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -61,13 +63,14 @@ class Dist:
             torch.cuda.set_device(self.device)
         self.grouped = self.world > 1 or group
         backend = "nccl" if self.device.type == "cuda" else "gloo"
+        timeout = {"timeout": timedelta(minutes=timeout_minutes)} if timeout_minutes else {}
         if self.world > 1:
-            dist.init_process_group(backend)
+            dist.init_process_group(backend, **timeout)
         elif group:  # one process, not under torchrun: a group of one on a free local port
             with socket.socket() as sock:
                 sock.bind(("127.0.0.1", 0))
                 port = sock.getsockname()[1]
-            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1, **timeout)
 
     @property
     def main(self) -> bool:
@@ -148,7 +151,7 @@ class Trainer:
         t, par = self.t, cfg.get("parallel", {})
         self.fsdp = (par.get("zero") or 0) == 3
         torch.set_num_threads(t["threads"])
-        self.env = Dist(group=self.fsdp)
+        self.env = Dist(group=self.fsdp, timeout_minutes=t.get("dist_timeout_minutes"))
         # zero 3 on one process: nothing to shard, and FSDP2 of one ran at 0.66x DDP (H100, micro 1): a plain
         # module. Its checkpoints stay DCP (resumable on any number of processes), its fingerprint zero 3.
         self.shard = self.fsdp and self.env.world > 1
