@@ -492,6 +492,58 @@ def test_hybrid_parallel_matches_torch_backend_and_resumes(work, tmp_path):
         assert abs(a["loss"] - b["loss"]) < 1e-6, (a, b)
 
 
+# The trainer refuses pp > 1 on CPU (ColossalAI's p2p code calls torch.distributed.is_hccl_available, which
+# CPU torch builds lack): this runs the real trainer with that probe added and the refusal lifted.
+PP_ON_CPU = """
+import sys, torch.distributed as dist
+dist.is_hccl_available = getattr(dist, "is_hccl_available", lambda: False)
+import llmpipe.backends.colossal.train as T
+check = T.check_layout
+T.check_layout = lambda c, world, on_gpu: check(c, world, on_gpu or c["pp"] > 1)
+T.main(sys.argv[1:])
+"""
+
+
+@pytest.mark.slow
+def test_pipeline_validation_with_tied_embeddings_scores_the_trained_model(prepared, tmp_path):
+    """plugin 3d, pp 2, tied embeddings: the validation forward (no optimizer) left ColossalAI to all-reduce
+    the shared weight's gradient, None after zero_grad: a TypeError on every rank at the first validation.
+    Its val_loss now equals evaluate's on the final folder."""
+    need_env()
+    from llmpipe import config as cfgmod
+    from llmpipe.evaluate import evaluate
+    from llmpipe.model.init import init_model
+
+    over = {
+        "model": {"tie_word_embeddings": True},
+        "train": {"backend": "colossal", "max_steps": 4, "save_interval": 4, "eval_interval": 2},
+        "colossal": {"plugin": "3d"},
+        "parallel": {"nproc_per_node": 2, "pp": 2},
+    }
+    cfg = cfgmod.validate(merge(prepared["cfg"], over))
+    init_model(cfg, prepared["tokenizer"], tmp_path / "init")
+    (tmp_path / "cfg.json").write_text(json.dumps(cfg))
+    (tmp_path / "pp.py").write_text(PP_ON_CPU)
+    args = ["--config", tmp_path / "cfg.json", "--init", tmp_path / "init", "--data", prepared["view"]]
+    args += ["--tokenizer", prepared["tokenizer"], "--checkpoints", tmp_path / "ck", "--metrics", tmp_path / "m.jsonl"]
+    run = [str(VENV_PY), "-W", "ignore", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    proc = subprocess.run(
+        [*run, str(tmp_path / "pp.py"), *map(str, args), "--out", str(tmp_path / "final")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    recs = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs] == [1, 2, 3, 4] and [r["step"] for r in recs if "val_loss" in r] == [2, 4]
+    final = tmp_path / "final"
+    assert json.loads((final / "config.json").read_text())["tie_word_embeddings"] is True
+    ev = evaluate(final, prepared["view"], tmp_path / "eval.json", cfg["eval"]["batch_size"], document_masking=False)
+    assert abs(ev["val_loss"] - recs[-1]["val_loss"]) < 1e-4 and ev["tokens"] == recs[-1]["val_tokens"]
+
+
 def test_a_process_offloading_optimizer_state_gets_its_share_of_the_cpus(monkeypatch):
     """HybridAdam's CPU kernel updates the offloaded state with OpenMP: such a process gets its share of
     the CPUs it may run on (never fewer than train.threads); without offload train.threads stands."""

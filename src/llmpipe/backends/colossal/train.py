@@ -342,7 +342,13 @@ class Trainer:
             crit = PipelineLoss(self.device, micro * self.lay.dp_size / gcount if gcount is not None else 1.0)
             if optimizer is not None:  # a validation batch (forward only) left its sizes in the 1F1B schedule
                 self.plugin.scheduler.num_microbatches = self.plugin.scheduler.last_batch_size = None
-            self.booster.execute_pipeline(iter([batch]), self.model, crit, optimizer, return_loss=True)
+            sync = self.model.require_grad_sync
+            if optimizer is None:  # forward only: no gradients to reduce (tied weights' grads are None)
+                self.model.require_grad_sync = False
+            try:
+                self.booster.execute_pipeline(iter([batch]), self.model, crit, optimizer, return_loss=True)
+            finally:
+                self.model.require_grad_sync = sync
             return crit.total, crit.count
         with self.lay.autocast(self.device):
             part, n = lm_loss_sum(self.model, batch["input_ids"], batch["labels"], batch["attention_mask"])
