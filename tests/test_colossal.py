@@ -224,6 +224,47 @@ def test_config_refuses_what_colossalai_would_refuse_in_the_job():
     assert "parallel.pp 4 takes parallel.zero 0 or 1 (ColossalAI), not 2" in problems(**zero2, train={"global_batch_size": 16})
 
 
+def test_a_tp_that_does_not_divide_the_heads_is_named_before_any_job(prepared, tmp_path):
+    """ColossalAI's Llama policy asserts at booster.boost, on every rank, that parallel.tp divides the query and
+    the key/value heads. Config validation names it (model.*, or model.init_from's config.json), and so does
+    the trainer from its --init folder (a Hub base is checked there) before building anything."""
+    from llmpipe import config as cfgmod
+    from llmpipe.backends.colossal.train import main
+
+    def problems(**over):
+        base = {"train": {"backend": "colossal"}, "colossal": {"plugin": "3d"}, "parallel": {"tp": 4, "nproc_per_node": 4}}
+        try:
+            cfgmod.validate(merge(base, over))
+        except cfgmod.ConfigError as exc:
+            return str(exc)
+        return ""
+
+    kv = "parallel.tp 4 does not divide model.num_key_value_heads 2 (ColossalAI splits the attention heads over the tp ranks)"
+    assert kv in problems(model={"num_attention_heads": 4, "num_key_value_heads": 2})
+    assert "num_attention_heads" not in problems(model={"num_attention_heads": 4, "num_key_value_heads": 2})
+    assert "does not divide model.num_attention_heads 6" in problems(model={"hidden_size": 96, "num_attention_heads": 6})
+    assert problems(model={"num_attention_heads": 4, "num_key_value_heads": 4}) == ""
+    assert problems(model={"num_key_value_heads": 2}, parallel={"tp": 2, "nproc_per_node": 2}) == ""
+    # a base model's own heads (prepared init: 4 heads, 2 KV heads), not the model.* sizes
+    got = problems(model={"init_from": str(prepared["init"]), "num_key_value_heads": 4}, train={"seq_len": 64})
+    assert "parallel.tp 4 does not divide model.init_from's config.json: num_key_value_heads 2" in got
+
+    cfg = merge(prepared["cfg"], {"train": {"backend": "colossal"}, "colossal": {"plugin": "3d"}})
+    cfg["parallel"] = {**cfg["parallel"], "tp": 4}  # as a job would get it, unchecked
+    paths = {"--init": prepared["init"], "--data": prepared["view"], "--checkpoints": tmp_path / "ck"}
+    args = [x for k, v in {**paths, "--metrics": tmp_path / "m.jsonl", "--out": tmp_path / "out"}.items() for x in (k, str(v))]
+    threads = torch.get_num_threads()
+    try:
+        with pytest.raises(SystemExit) as exc:
+            main(["--config", json.dumps(cfg), *args])
+    finally:
+        torch.set_num_threads(threads)
+    assert str(exc.value) == f"llmpipe colossal-train: parallel.tp 4 does not divide {prepared['init']}/config.json: " + (
+        "num_key_value_heads 2 (ColossalAI splits the attention heads over the tp ranks)"
+    )
+    assert not (tmp_path / "ck").exists()
+
+
 def test_validation_runs_as_many_forwards_on_every_rank(prepared):
     """Under Gemini every forward gathers the weights from all ranks, so a rank with fewer validation rows
     hung the others: each rank now runs the same number of forwards, the extra ones on a row whose labels

@@ -169,7 +169,12 @@ def test_a_url_holding_a_credential_is_refused_without_repeating_it(over, key, k
             "'parallel.nnodes' (2 x 6 x 1)",
         ),
         (
-            {"train": {"backend": "colossal"}, "colossal": {"plugin": "3d"}, "parallel": {"tp": 4, "nproc_per_node": 6}},
+            {
+                "train": {"backend": "colossal"},
+                "colossal": {"plugin": "3d"},
+                "parallel": {"tp": 4, "nproc_per_node": 6},
+                "model": {"num_key_value_heads": 4},  # tp divides the heads
+            },
             "'parallel.tp' x 'parallel.pp' (4 x 1) does not divide the 6 processes",
         ),
         (

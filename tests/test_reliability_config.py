@@ -160,6 +160,7 @@ def test_seq_len_must_divide_by_tensor_parallel_degree(seq_len, tp):
     cfg = with_value("train", "seq_len", seq_len)
     cfg["train"]["backend"], cfg["colossal"] = "colossal", {"plugin": "3d"}  # trains tensor parallel
     cfg["parallel"] = {"tp": tp, "nproc_per_node": tp}  # one data rank of tp processes
+    cfg.setdefault("model", {}).update(hidden_size=96, num_attention_heads=48, num_key_value_heads=48)  # tp divides the heads
     if seq_len % tp == 0:
         cfgmod.validate(cfg)
     else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -45,7 +46,7 @@ def resume_sections(cfg: dict) -> dict:
 
 
 def problems(cfg: dict) -> list[str]:
-    return (layout_problems(cfg) or data_parallel_problems(cfg)) + launcher_problems(cfg)
+    return (layout_problems(cfg) or data_parallel_problems(cfg)) + model_head_problems(cfg) + launcher_problems(cfg)
 
 
 def layout_problems(cfg: dict) -> list[str]:
@@ -82,6 +83,31 @@ def pipeline_problems(cfg: dict) -> list[str]:
             f"{t['global_batch_size']} gives {micro_batches} (micro_batch_size {t['micro_batch_size']} x data parallel {dp})"
         )
     return out
+
+
+def head_problems(tp: int, conf: dict, source: str) -> list[str]:
+    """ColossalAI's Llama shard policy asserts, at booster.boost on every rank, that parallel.tp divides the
+    query and the key/value heads; `conf`: a config.json or the model section, named by `source`."""
+    heads = conf["num_attention_heads"]
+    sizes = {"num_attention_heads": heads, "num_key_value_heads": conf.get("num_key_value_heads") or heads}
+    return [
+        f"parallel.tp {tp} does not divide {source}{key} {n} (ColossalAI splits the attention heads over the tp ranks)"
+        for key, n in sizes.items()
+        if n % tp
+    ]
+
+
+def model_head_problems(cfg: dict) -> list[str]:
+    """head_problems of the model trained: model.init_from's config.json, else the model.* sizes."""
+    from llmpipe import config as cfgmod
+
+    tp = cfg["parallel"]["tp"]
+    if tp == 1 or cfg["colossal"]["plugin"] != "3d":  # tp on another plugin is refused by layout_problems
+        return []
+    if not cfg["model"]["init_from"]:
+        return head_problems(tp, cfg["model"], "model.")
+    base = cfgmod.base_config_json(cfg)  # None: a Hub base not downloaded yet (the trainer checks its --init)
+    return head_problems(tp, json.loads(base.read_text()), "model.init_from's config.json: ") if base else []
 
 
 def launcher_problems(cfg: dict) -> list[str]:

@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 from llmpipe import config as cfgmod
 from llmpipe.backends.colossal.checkpoint import Saver, optimizer_name
-from llmpipe.backends.colossal.checks import layout_of, resume_layout
+from llmpipe.backends.colossal.checks import head_problems, layout_of, resume_layout
 from llmpipe.backends.colossal.collate import collate
 from llmpipe.backends.colossal.steps import Layout, PipelineLoss, counts_nothing, to_device
 from llmpipe.model.folder import model_folder
@@ -229,6 +229,9 @@ class Trainer:
         self.ckpt_root, self.tokenizer_dir = ckpt_root, tokenizer_dir
         torch.set_num_threads(self.t["threads"])
         self.on_gpu = torch.cuda.is_available()
+        conf = json.loads((Path(model_folder(init_dir, "--init")) / "config.json").read_text())
+        if problems := head_problems(self.c["tp"], conf, f"{init_dir}/config.json: "):
+            raise ValueError("; ".join(problems))
         check_layout(self.c, int(os.environ.get("WORLD_SIZE", "1")), self.on_gpu)
         self.precision = precision_of(self.t, self.c["plugin"], self.on_gpu)
         init_distributed()
