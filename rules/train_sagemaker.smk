@@ -26,6 +26,7 @@ rule sagemaker_upload:
 rule train_sagemaker:
     input:
         inputs=f"{RUN}/sagemaker/inputs.json",
+        tokenizer=f"{RUN}/tokenizer",  # a lit-gpt artifact's config takes its BOS / EOS / PAD ids
     output:
         directory(f"{RUN}/checkpoints/sagemaker/final"),
     log:
@@ -38,5 +39,5 @@ rule train_sagemaker:
         metrics=f"{RUN}/train/metrics.jsonl",
         attempts=attempts_log("train_sagemaker"),
     shell:
-        "python -m llmpipe sagemaker-train --config {params.cfg:q} --inputs {input.inputs:q}"
+        "python -m llmpipe sagemaker-train --config {params.cfg:q} --inputs {input.inputs:q} --tokenizer {input.tokenizer:q}"
         " --metrics {params.metrics:q} --out {output:q} 2>&1 | to_logs {params.attempts:q} > {log:q}"

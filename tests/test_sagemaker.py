@@ -630,11 +630,23 @@ def test_litgpt_checkpoint_converts_to_the_same_model(prepared, tmp_path, interl
         )
     )
     out = tmp_path / "hf"
-    assert jobs.to_hf(tmp_path / "artifact", out, "auto") == "litgpt"
+    assert jobs.to_hf(tmp_path / "artifact", out, "auto", prepared["tokenizer"]) == "litgpt"
     got = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)
     ids = torch.randint(0, c.vocab_size, (2, 24), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert torch.allclose(got(ids).logits, ref(ids).logits, atol=1e-5)
+
+    # the exported model stops on the run tokenizer's EOS (not transformers' Llama default 2; this one's is 0)
+    from llmpipe.data.tokenizer import load_tokenizer, tokenizer_info
+    from llmpipe.export import export
+
+    info, tok = tokenizer_info(prepared["tokenizer"]), load_tokenizer(prepared["tokenizer"])
+    want = {"bos_token_id": info.bos_id, "eos_token_id": info.eos_id, "pad_token_id": tok.pad_token_id}
+    assert want["eos_token_id"] not in (None, 2) and want == {k: getattr(c, k) for k in want}  # as init-model set them
+    export(out, prepared["tokenizer"], tmp_path / "exported", "float32", prepared["manifest"])
+    for name in ("config.json", "generation_config.json"):
+        conf = json.loads((tmp_path / "exported" / name).read_text())
+        assert {k: conf.get(k) for k in want} == want, name
 
 
 # --- mode image ---------------------------------------------------------------------------------------
@@ -808,6 +820,11 @@ def test_snakemake_profile_runs_against_moto(aws, tmp_path):
         json.loads((run / "checkpoints" / "sagemaker" / "final" / "sagemaker_job.json").read_text())["artifact_format"]
         == "litgpt"
     )
+    exported = json.loads((run / "hf" / "generation_config.json").read_text())  # the run tokenizer's ids, as init's
+    assert {k: exported.get(k) for k in ("bos_token_id", "eos_token_id")} == {
+        "bos_token_id": c.bos_token_id,
+        "eos_token_id": c.eos_token_id,
+    }
     # the evaluated model is the one that came back: same val loss as the init model it was made from
     ev = json.loads((run / "eval.json").read_text())
     view, bs = run / "data" / "views" / "hf", cfg["eval"]["batch_size"]

@@ -6,7 +6,7 @@ rerun with the same inputs finds the job and attaches (never a second job); chan
 new name. A job that ended Failed or Stopped is retried as <name>-r2, -r3 ... with the same
 checkpoint S3 prefix, so the retry resumes from the last checkpoint.
 
-  python -m llmpipe sagemaker-train --config C --inputs inputs.json --metrics M --out DIR
+  python -m llmpipe sagemaker-train --config C --inputs inputs.json --tokenizer DIR --metrics M --out DIR
 """
 
 from __future__ import annotations
@@ -341,8 +341,9 @@ def find_hf(root: Path) -> Path | None:
     return None
 
 
-def to_hf(model_dir: Path, out: Path, fmt: str) -> str:
-    """Copy (HF) or convert (lit-gpt) the extracted model into `out`; returns the format found."""
+def to_hf(model_dir: Path, out: Path, fmt: str, tokenizer: Path | None = None) -> str:
+    """Copy (HF) or convert (lit-gpt, with `tokenizer`'s special token ids) the extracted model into `out`;
+    returns the format found."""
     hf = find_hf(model_dir) if fmt in ("auto", "hf") else None
     if hf is not None:
         shutil.copytree(hf, out, dirs_exist_ok=True)
@@ -352,7 +353,7 @@ def to_hf(model_dir: Path, out: Path, fmt: str) -> str:
 
         ckpt = litgpt.find_checkpoint(model_dir)
         if ckpt is not None:
-            litgpt.convert(ckpt, out)
+            litgpt.convert(ckpt, out, tokenizer)
             return "litgpt"
     found = sorted(p.relative_to(model_dir).as_posix() for p in model_dir.rglob("*") if p.is_file())[:20]
     raise JobError(
@@ -410,8 +411,15 @@ def metrics_from_output(s3, desc: dict, work: Path) -> list[dict] | None:
 
 
 def train(
-    cfg: dict, inputs_path: str | Path, out: str | Path, metrics_path: str | Path, clients: dict | None = None, sleep=time.sleep
+    cfg: dict,
+    inputs_path: str | Path,
+    out: str | Path,
+    metrics_path: str | Path,
+    clients: dict | None = None,
+    sleep=time.sleep,
+    tokenizer: str | Path | None = None,
 ) -> dict:
+    """`tokenizer`: the run's tokenizer folder (a lit-gpt artifact's config takes its BOS / EOS / PAD ids)."""
     check_settings(cfg)
     sm = cfg["sagemaker"]
     inputs = json.loads(Path(inputs_path).read_text())
@@ -438,7 +446,7 @@ def train(
         if not records:
             records = metrics_from_logs(lines, sm["loss_regex"], cfg, inputs.get("train_rows"))
         with atomic_path(out) as tmp_out:
-            fmt = to_hf(work / "model", tmp_out, sm["output_format"])
+            fmt = to_hf(work / "model", tmp_out, sm["output_format"], Path(tokenizer) if tokenizer else None)
             job = {
                 "job_name": name,
                 "job_arn": desc.get("TrainingJobArn"),
@@ -469,12 +477,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--config", required=True)
     p.add_argument("--inputs", required=True, help="manifest from sagemaker-upload")
+    p.add_argument("--tokenizer", required=True, help="the run's tokenizer folder (a lit-gpt model takes its special ids)")
     p.add_argument("--metrics", required=True, help="metrics.jsonl to write")
     p.add_argument("--out", required=True, help="HF-format final folder")
     args = p.parse_args(argv)
     signal.signal(signal.SIGTERM, _sigterm)  # Snakemake stops jobs with SIGTERM: stop the job too
     try:
-        train(cfgmod.load(args.config), args.inputs, args.out, args.metrics)
+        train(cfgmod.load(args.config), args.inputs, args.out, args.metrics, tokenizer=args.tokenizer)
     except KeyboardInterrupt:
         log.error("interrupted: the training job was asked to stop; a rerun starts the next attempt, which resumes")
         sys.exit(130)

@@ -77,7 +77,19 @@ def hf_state_dict(sd: dict, c: dict) -> dict:
     return out
 
 
-def convert(ckpt: Path, out: Path) -> None:
+def special_ids(tokenizer_dir: Path | None) -> dict:
+    """BOS / EOS / PAD ids of the run's tokenizer, as init-model sets them (lit-gpt's config has none)."""
+    if tokenizer_dir is None:
+        return {}
+    from llmpipe.data.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(tokenizer_dir)
+    return {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}
+
+
+def convert(ckpt: Path, out: Path, tokenizer_dir: Path | None = None) -> None:
+    """`tokenizer_dir`: the run's tokenizer, whose special token ids config.json and generation_config.json
+    take (without it transformers' Llama defaults, BOS 1 / EOS 2)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     c = read_config(ckpt.parent)
@@ -99,6 +111,7 @@ def convert(ckpt: Path, out: Path) -> None:
         tie_word_embeddings=tied,
         attention_bias=bool(c.get("bias", False)),
         mlp_bias=bool(c.get("bias", False)),
+        **special_ids(tokenizer_dir),
     )
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
