@@ -12,7 +12,7 @@ import torch
 from llmpipe import config as cfgmod
 from llmpipe.data.tokenizer import TokenizerMismatch, check_same_tokenizer, copy_tokenizer_files, load_tokenizer
 from llmpipe.io import atomic_path
-from llmpipe.model.folder import FolderError, model_folder
+from llmpipe.model.folder import FolderError, model_folder, tokenizer_folder
 from llmpipe.model.hf_compat import legacy_readable
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ def export(
 ) -> None:
     from transformers import AutoModelForCausalLM
 
-    trained = model_folder(trained, "--trained")
+    trained, tokenizer_dir = model_folder(trained, "--trained"), tokenizer_folder(tokenizer_dir, "--tokenizer")
     check_tokenizer(trained, tokenizer_dir, manifest)
 
     model = AutoModelForCausalLM.from_pretrained(trained, dtype=torch.float32, trust_remote_code=False, local_files_only=True)
@@ -52,8 +52,12 @@ def export(
             f"llmpipe export: {trained} has non-finite weights in {', '.join(bad[:5])}"
             f"{f' (+{len(bad) - 5} more)' if len(bad) > 5 else ''}: refusing to export a damaged model"
         )
-    if model.get_input_embeddings().weight.shape[0] < len(tok):
-        raise ValueError(f"{trained}: fewer embedding rows than tokenizer entries ({len(tok)})")
+    rows = model.get_input_embeddings().weight.shape[0]
+    if rows < len(tok):
+        raise SystemExit(
+            f"llmpipe export: --tokenizer {tokenizer_dir} has {len(tok)} entries, more than the {rows} embedding rows of "
+            f"--trained {trained}: not the tokenizer it was trained with"
+        )
     with atomic_path(out_dir) as tmp:
         model.save_pretrained(str(tmp), safe_serialization=True)
         copy_tokenizer_files(tokenizer_dir, tmp)

@@ -11,14 +11,27 @@ class FolderError(ValueError):
     """A local input folder that is missing or lacks what the step reads: one line naming the flag."""
 
 
+# What from_pretrained loads weights from (a sharded checkpoint has its index).
+WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
 def model_folder(path: str | Path, flag: str) -> str:
-    """`path` as from_pretrained's argument, once it is a folder with config.json; else FolderError."""
+    """`path` as from_pretrained's argument, once it is a folder with config.json and weights; else FolderError."""
     _folder(path, flag, "config.json", "a Hugging Face model folder")
+    if not any((Path(path) / name).is_file() for name in WEIGHTS):
+        raise FolderError(f"{flag} {path}: no model weights (none of {', '.join(WEIGHTS)})")
     return str(path)
 
 
+def tokenizer_folder(path: str | Path, flag: str) -> Path:
+    """`path` once it holds tokenizer.json; else FolderError."""
+    _folder(path, flag, "tokenizer.json", "a tokenizer folder")
+    return Path(path)
+
+
 def view_folder(path: str | Path, flag: str, splits: tuple[str, ...] = ("train", "val")) -> Path:
-    """`path` once it holds these splits of an hf view (llmpipe pack); else FolderError."""
+    """`path` once it holds view.json and these splits of an hf view (llmpipe pack); else FolderError."""
+    _folder(path, flag, "view.json", "an hf data view (llmpipe pack)")
     for split in splits:
         _folder(path, flag, f"{split}/dataset_info.json", "an hf data view (llmpipe pack)")
     return Path(path)
