@@ -65,8 +65,13 @@ GPU_ONLY = {"gemini", "gemini_auto", "zero2"}
 # ---------------------------------------------------------------- setup
 
 
-def init_distributed() -> None:
-    """colossalai.launch_from_torch; a plain process (no torchrun) becomes a world of one."""
+def init_distributed(timeout_minutes: int | None = None) -> None:
+    """colossalai.launch_from_torch; a plain process (no torchrun) becomes a world of one. `timeout_minutes`
+    (train.dist_timeout_minutes): the process group's timeout, which colossalai.launch does not take."""
+    from datetime import timedelta
+    from functools import partial
+    from unittest import mock
+
     import colossalai
 
     if "RANK" not in os.environ:
@@ -76,7 +81,9 @@ def init_distributed() -> None:
         os.environ.update(
             RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
         )
-    colossalai.launch_from_torch(backend="nccl" if torch.cuda.is_available() else "gloo", verbose=False)
+    init = partial(dist.init_process_group, timeout=timedelta(minutes=timeout_minutes)) if timeout_minutes else None
+    with mock.patch.object(dist, "init_process_group", init) if init else contextlib.nullcontext():
+        colossalai.launch_from_torch(backend="nccl" if torch.cuda.is_available() else "gloo", verbose=False)
 
 
 def precision_of(t: dict, plugin: str, on_gpu: bool) -> str:
@@ -234,7 +241,7 @@ class Trainer:
             raise ValueError("; ".join(problems))
         check_layout(self.c, int(os.environ.get("WORLD_SIZE", "1")), self.on_gpu)
         self.precision = precision_of(self.t, self.c["plugin"], self.on_gpu)
-        init_distributed()
+        init_distributed(self.t.get("dist_timeout_minutes"))
         self.main = dist.get_rank() == 0
         self.device = torch.device("cuda", torch.cuda.current_device()) if self.on_gpu else torch.device("cpu")
         self.train_ds, self.val_ds = load_view(data_dir, self.t)
