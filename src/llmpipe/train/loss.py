@@ -48,6 +48,17 @@ def label_count(batches: list[dict]) -> int:
 
 
 @torch.no_grad()
+def shared_rows(size: int, batch_size: int, rank: int, world: int, max_batches: int | None = None):
+    """The rows (a range) a process scores in each validation forward: rows rank, rank + world, ... of a split's
+    first max_batches * batch_size rows (the same rows on any world size; all when None), in as many forwards
+    as the process with the most. An empty range: this process's rows ran out, its forward counts for
+    nothing (FSDP2, Gemini, ZeRO and tp gather weights in each forward, so every process must make them)."""
+    size = size if max_batches is None else min(size, max_batches * batch_size)
+    rows = range(rank, size, world)
+    for start in range(0, -(-size // world), batch_size):
+        yield rows[start : start + batch_size]
+
+
 def dataset_loss(
     model,
     dataset,
@@ -64,10 +75,8 @@ def dataset_loss(
     (with a progress bar named `progress`, if given; with `document_masking`, each document of a packed
     row on its own, as the torch trainer trains it: llmpipe.train.documents).
 
-    `share` (rank, world): this process scores rows rank, rank + world, ..., in as many forwards as the rank
-    with the most (a row that counts for nothing once its own ran out: FSDP2 gathers weights in each
-    forward, so every rank must make them); `reduce` sums the (loss sum, tokens) pair over the processes.
-    `max_batches`: only the split's first max_batches * batch_size rows (the same rows on any world size)."""
+    `share` (rank, world) and `max_batches`: the rows this process scores (shared_rows); `reduce` sums the
+    (loss sum, tokens) pair over the processes."""
     from tqdm import tqdm
 
     from llmpipe.train.documents import SDPA, kernel_of, model_inputs
@@ -76,12 +85,9 @@ def dataset_loss(
     was_training = model.training
     model.eval()
     rank, world = share
-    size = len(dataset) if max_batches is None else min(len(dataset), max_batches * batch_size)
-    rows = range(rank, size, world)
     total, count = torch.zeros((), dtype=torch.float64), 0
-    starts = range(0, -(-size // world), batch_size)  # the rows of the rank with the most
-    for start in tqdm(starts, desc=progress, unit=" batches", mininterval=10, disable=progress is None):
-        ids = rows[start : start + batch_size]
+    forwards = list(shared_rows(len(dataset), batch_size, rank, world, max_batches))
+    for ids in tqdm(forwards, desc=progress, unit=" batches", mininterval=10, disable=progress is None):
         batch = dataset[ids.start : ids.stop] if world == 1 else dataset[list(ids) or [0]]
         labels = batch["labels"] if len(ids) else torch.full_like(batch["labels"], IGNORE_INDEX)
         with torch.autocast(device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):

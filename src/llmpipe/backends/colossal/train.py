@@ -46,7 +46,7 @@ from llmpipe.train.checkpoint import CheckpointError
 from llmpipe.train.cli import trainer_parser
 from llmpipe.train.guard import NonFiniteError, NonFiniteGuard
 from llmpipe.train.loop import StepLoop
-from llmpipe.train.loss import label_count, lm_loss_sum
+from llmpipe.train.loss import label_count, lm_loss_sum, shared_rows
 from llmpipe.train.metrics import MetricsWriter
 from llmpipe.train.optim import build_optimizer
 from llmpipe.train.resume import fingerprint, resume_state
@@ -397,13 +397,10 @@ class Trainer:
         self.model.eval()
         total = torch.zeros((), dtype=torch.float64, device=self.device)
         count = torch.zeros((), dtype=torch.float64, device=self.device)
-        size, cap = self.cfg["eval"]["batch_size"], self.cfg["eval"].get("max_batches")
-        scored = len(self.val_ds) if cap is None else min(len(self.val_ds), cap * size)
-        rows = list(range(self.lay.dp_rank, scored, self.lay.dp_size))
-        most = -(-scored // self.lay.dp_size)  # the rows of the rank with the most
-        for start in range(0, most, size):  # as many forwards on every rank: Gemini gathers weights in each
-            batch = collate(self.val_ds[rows[start : start + size] or [0]])
-            if start >= len(rows):  # this rank's rows ran out: a row that counts for nothing
+        e = self.cfg["eval"]
+        for ids in shared_rows(len(self.val_ds), e["batch_size"], self.lay.dp_rank, self.lay.dp_size, e.get("max_batches")):
+            batch = collate(self.val_ds[list(ids) or [0]])
+            if not ids:  # this rank's rows ran out: a row that counts for nothing
                 batch = counts_nothing(batch)
             part, n = self.forward(to_device(batch, self.device))
             total += part
