@@ -217,3 +217,31 @@ def test_plan_warns_only_when_a_grouping_reads_a_compressed_source_again(tmp_pat
     assert decompress_warning(d) is None  # one job reads it once
     warning = decompress_warning({**d, "shards_per_job": 4})
     assert "in 4 tokenize jobs" in warning and "corpus.jsonl.gz" in warning and "null" in warning
+
+
+@pytest.mark.parametrize("bad", ["\\q", "\\ud800", "\x01"])
+def test_a_bad_line_held_or_streamed_gives_the_same_shard(tmp_path, tok, monkeypatch, bad):
+    """A bad JSON line just over HUGE_RECORD_BYTES: a one-shard job's strided scan holds it (its line end is
+    in the block read), a job of all shards streams it; under on_bad_record: skip both name it with orjson's
+    message, so the shard (its read metadata) is the same file whatever the grouping."""
+    monkeypatch.setattr(limits, "HUGE_RECORD_BYTES", 4096)
+    monkeypatch.setattr(limits, "STRIDE_BLOCK", 8192)
+    monkeypatch.setattr(limits, "LINE_CHUNK", 1024)
+    monkeypatch.setattr(limits, "HUGE_CHUNK", 1024)
+    monkeypatch.setattr(limits, "LONG_STRING", 1000)  # its string streamed in segments
+    source = tmp_path / "corpus.jsonl"
+    lines = [json.dumps({"text": d[:900]}) for d in DOCS[:12]]  # held (and not long) on both paths
+    lines[4] = '{"text": "' + "x" * 5000 + bad + '"}'  # record 4: shard 0 of 4
+    source.write_text("\n".join(lines) + "\n")
+    data = {"sources": [str(source)], "num_shards": 4, "on_bad_record": "skip"}
+    cfg = tiny_config(tmp_path, data=data, tokenizer={"source": str(tok)})
+    get_data(cfg["data"], tmp_path / "sources.json")
+    names, listed = read_sources(str(tmp_path / "sources.json"))
+    tokenize_shard(cfg, names, 0, tok, tmp_path / "alone.safetensors", sources_key=listed["key"])
+    tokenize_job(cfg, str(tmp_path / "sources.json"), 0, tok, tmp_path / "job", 1, per_job=4)
+    read = [
+        json.loads(stfile.header(p)[0]["__metadata__"]["read"])
+        for p in (tmp_path / "alone.safetensors", tmp_path / "job" / shard_name(0))
+    ]
+    assert read[0]["skipped_examples"] == read[1]["skipped_examples"] and "bad_json" in read[0]["skipped_examples"]
+    assert (tmp_path / "alone.safetensors").read_bytes() == (tmp_path / "job" / shard_name(0)).read_bytes()

@@ -295,10 +295,10 @@ class _JsonScan:
         try:
             text = json.loads('"' + raw + '"')
         except ValueError as exc:
-            self.error = getattr(exc, "msg", str(exc))
+            self.error = _orjson_says('"' + raw + '"') or getattr(exc, "msg", str(exc))
             return
         if _SURROGATE.search(text):  # a lone surrogate escape (segments never split a pair): orjson rejects it
-            self.error = "lone surrogate in string"
+            self.error = _orjson_says('"' + raw + '"') or "lone surrogate in string"
             return
         self.long.add(text)
 
@@ -332,6 +332,16 @@ class _JsonScan:
 
 def _not_json(name: str):
     raise ValueError(f"{name} is not JSON")
+
+
+def _orjson_says(raw: str) -> str | None:
+    """orjson's message on a string segment: the one it gives for the whole record (a held line's), so a
+    shard's skip messages do not depend on whether the line was held or streamed (its grouping)."""
+    try:
+        orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        return exc.msg
+    return None
 
 
 def loads_json(raw: bytes | str) -> object:
