@@ -235,15 +235,15 @@ def test_disk_estimate_counts_the_hf_views_bytes_per_token(prepared):
 
 
 def test_a_whole_model_step_with_too_little_memory_is_named():
-    """init_model, export_hf and evaluate hold the whole model in float32 (7.4-7.8 bytes a parameter
-    measured): slurm-trn1's 64 / 128 GB for them and the 70B preset (70.6 B parameters) would be killed
-    by Slurm, init_model before any training. The trn2 profile (70B default) now gives them 600 GB."""
+    """init_model and evaluate hold the whole model in float32 (7.4-7.8 bytes a parameter measured):
+    slurm-trn1's 64 GB for them and the 70B preset (70.6 B parameters) would be killed by Slurm, init_model
+    before any training. The trn2 profile (70B default) gives them 600 GB. export_hf streams (not named)."""
     from llmpipe import config, profiles
 
     spec = profiles.profile_settings(profiles.profile_dir("slurm-trn1"))
     big = config.validate({"preset": "llama-3-70b-trn1"}, whole=False)
     (line,) = doctor.memory(big, spec, 70_553_706_496)
-    assert line.startswith("memory: init_model 64000, export_hf 128000, evaluate 64000 MB") and "70.6 B parameters" in line
+    assert line.startswith("memory: init_model 64000, evaluate 64000 MB") and "70.6 B parameters" in line
     assert "init_model: {mem_mb: 539306}" in line
     assert doctor.memory(config.validate({"preset": "llama-2-7b-trn1"}, whole=False), spec, 6_738_415_616) == []
     trn2 = profiles.profile_settings(profiles.profile_dir("slurm-trn2"))

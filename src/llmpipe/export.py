@@ -5,19 +5,28 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 from pathlib import Path
 
 import torch
 
 from llmpipe import config as cfgmod
+from llmpipe.data import stfile
 from llmpipe.data.tokenizer import TokenizerMismatch, check_same_tokenizer, copy_tokenizer_files, load_tokenizer
 from llmpipe.io import atomic_path
 from llmpipe.model.folder import FolderError, model_folder, tokenizer_folder
 from llmpipe.model.hf_compat import legacy_readable
+from llmpipe.model.safetensors_out import (
+    DTYPES,
+    IGNORED,
+    MAX_FILE_BYTES,
+    map_large_allocations,
+    plan_files,
+    write_index,
+    write_safetensors,
+)
 
 log = logging.getLogger(__name__)
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def check_tokenizer(trained: str | Path, tokenizer_dir: str | Path, manifest: str | Path | None) -> None:
@@ -31,6 +40,42 @@ def check_tokenizer(trained: str | Path, tokenizer_dir: str | Path, manifest: st
         check_same_tokenizer(trained, expected, f"the token store {manifest}")
 
 
+def weight_files(folder: Path) -> list[Path] | None:
+    """The safetensors files of an HF model folder (its index's, or model.safetensors); None: .bin weights."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        return sorted({folder / f for f in json.loads(index.read_text())["weight_map"].values()})
+    return [folder / "model.safetensors"] if (folder / "model.safetensors").is_file() else None
+
+
+READ_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+
+
+def tensors_of(files: list[Path], skip) -> dict[str, tuple[Path, int, str, tuple]]:
+    """name -> (file, data offset, safetensors dtype, shape) of each tensor, from the files' headers only."""
+    out = {}
+    for path in files:
+        header, base = stfile.header(path)
+        for name, info in header.items():
+            if name != "__metadata__" and not skip(name):
+                if info["dtype"] not in READ_DTYPES:
+                    raise ValueError(f"{path}: tensor {name} is {info['dtype']}, not a float weight")
+                out[name] = (path, base + info["data_offsets"][0], info["dtype"], tuple(info["shape"]))
+    return out
+
+
+def read_tensor(path: Path, at: int, st_dtype: str, shape: tuple) -> torch.Tensor:
+    """One tensor, read with pread (no memory map: mapped pages would stay in RSS)."""
+    dtype = READ_DTYPES[st_dtype]
+    n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    buf = bytearray(n)
+    with open(path, "rb") as fh:
+        fh.seek(at)
+        if fh.readinto(buf) != n:
+            raise ValueError(f"{path}: cut short (tensor at byte {at})")
+    return torch.frombuffer(buf, dtype=dtype).reshape(shape) if n else torch.empty(shape, dtype=dtype)
+
+
 def export(
     trained: str | Path,
     tokenizer_dir: str | Path,
@@ -38,30 +83,88 @@ def export(
     dtype: str = "float32",
     manifest: str | Path | None = None,
 ) -> None:
-    from transformers import AutoModelForCausalLM
+    """Tensor by tensor (safetensors in, one tensor in memory at a time: a 70B exports in bounded memory);
+    .bin weights through transformers, the whole model in memory."""
+    from transformers import AutoConfig
 
     trained, tokenizer_dir = model_folder(trained, "--trained"), tokenizer_folder(tokenizer_dir, "--tokenizer")
     check_tokenizer(trained, tokenizer_dir, manifest)
+    files = weight_files(Path(trained))
+    if files is None:
+        return export_whole(trained, tokenizer_dir, out_dir, dtype)
+    config = AutoConfig.from_pretrained(trained, trust_remote_code=False, local_files_only=True)
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    found = tensors_of(files, lambda n: any(s in n for s in IGNORED) or (tied and n == "lm_head.weight"))
+    rows = found["model.embed_tokens.weight"][3][0] if "model.embed_tokens.weight" in found else config.vocab_size
+    check_rows(rows, len(load_tokenizer(tokenizer_dir)), tokenizer_dir, trained)
+    torch_dtype, bad = DTYPES[dtype], []
 
-    model = AutoModelForCausalLM.from_pretrained(trained, dtype=torch.float32, trust_remote_code=False, local_files_only=True)
-    model = model.to(DTYPES[dtype])
-    tok = load_tokenizer(tokenizer_dir)
-    bad = [name for name, t in model.state_dict().items() if t.is_floating_point() and not torch.isfinite(t).all()]
+    def fill(name):
+        def put(t: torch.Tensor) -> None:
+            t.copy_(read_tensor(*found[name]))  # cast as copied: no third copy
+            if not torch.isfinite(t).all():
+                bad.append(name)
+
+        return put
+
+    map_large_allocations()
+    plan = plan_files([(name, info[3]) for name, info in found.items()], torch_dtype, MAX_FILE_BYTES)
+    with atomic_path(out_dir) as tmp:
+        tmp.mkdir()
+        entries = ((name, fill(name)) for name in found)
+        for fname, planned in plan.items():
+            write_safetensors(tmp / fname, planned, entries, torch_dtype)
+        refuse_non_finite(trained, bad)
+        write_index(tmp, plan, torch_dtype)
+        config.dtype = torch_dtype
+        config.save_pretrained(str(tmp))
+        generation_config(trained, config).save_pretrained(str(tmp))
+        copy_tokenizer_files(tokenizer_dir, tmp)
+        legacy_readable(tmp)  # transformers 4.x readers get the same RoPE and a tokenizer class they have
+    count = sum(math.prod(info[3]) for info in found.values())
+    log.info("exported %s -> %s (%s, %d parameters, %d file(s))", trained, out_dir, dtype, count, len(plan))
+
+
+def generation_config(trained: str, config):
+    """The trained folder's generation_config.json, else the one transformers derives from its config."""
+    from transformers import GenerationConfig
+
+    try:
+        return GenerationConfig.from_pretrained(trained, local_files_only=True)
+    except OSError:
+        return GenerationConfig.from_model_config(config)
+
+
+def check_rows(rows: int, entries: int, tokenizer_dir, trained) -> None:
+    if rows < entries:
+        raise SystemExit(
+            f"llmpipe export: --tokenizer {tokenizer_dir} has {entries} entries, more than the {rows} embedding rows of "
+            f"--trained {trained}: not the tokenizer it was trained with"
+        )
+
+
+def refuse_non_finite(trained, bad: list[str]) -> None:
     if bad:
         raise SystemExit(
             f"llmpipe export: {trained} has non-finite weights in {', '.join(bad[:5])}"
             f"{f' (+{len(bad) - 5} more)' if len(bad) > 5 else ''}: refusing to export a damaged model"
         )
-    rows = model.get_input_embeddings().weight.shape[0]
-    if rows < len(tok):
-        raise SystemExit(
-            f"llmpipe export: --tokenizer {tokenizer_dir} has {len(tok)} entries, more than the {rows} embedding rows of "
-            f"--trained {trained}: not the tokenizer it was trained with"
-        )
+
+
+def export_whole(trained: str, tokenizer_dir: Path, out_dir: str | Path, dtype: str) -> None:
+    """A folder of .bin weights: through transformers, the whole model in memory."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(trained, dtype=torch.float32, trust_remote_code=False, local_files_only=True)
+    model = model.to(DTYPES[dtype])
+    refuse_non_finite(
+        trained, [n for n, t in model.state_dict().items() if t.is_floating_point() and not torch.isfinite(t).all()]
+    )
+    check_rows(model.get_input_embeddings().weight.shape[0], len(load_tokenizer(tokenizer_dir)), tokenizer_dir, trained)
     with atomic_path(out_dir) as tmp:
         model.save_pretrained(str(tmp), safe_serialization=True)
         copy_tokenizer_files(tokenizer_dir, tmp)
-        legacy_readable(tmp)  # transformers 4.x readers get the same RoPE and a tokenizer class they have
+        legacy_readable(tmp)
     log.info("exported %s -> %s (%s, %d parameters)", trained, out_dir, dtype, model.num_parameters())
 
 

@@ -20,8 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
-import struct
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -39,14 +37,21 @@ from llmpipe.backends.neuron.layout import (
     rank_files_in,
 )
 from llmpipe.backends.neuron.resume import complete_steps
-from llmpipe.backends.neuron.shard import LAYOUT_FILE, map_large_allocations
+from llmpipe.backends.neuron.shard import LAYOUT_FILE
 from llmpipe.backends.neuron.xser import RankFile
 from llmpipe.io import atomic_path, write_json
+from llmpipe.model.safetensors_out import (
+    DTYPES,
+    IGNORED,
+    MAX_FILE_BYTES,
+    Entry,
+    map_large_allocations,
+    plan_files,
+    write_index,
+    write_safetensors,
+)
 
 log = logging.getLogger(__name__)
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-IGNORED = ("rotary_emb.",)  # buffers a trainer may save; not weights of the HF model
 
 
 def model_dir(ckpt_dir: Path, step: str) -> tuple[Path, str]:
@@ -130,7 +135,6 @@ class Shards:
 
 
 # (HF name, fill): fill(out) assembles the tensor in `out` (hf_shapes' shape, the output dtype), one rank piece at a time
-Entry = tuple[str, Callable[[torch.Tensor], None]]
 
 
 def put(out: torch.Tensor, piece: torch.Tensor, what: str) -> None:
@@ -284,52 +288,6 @@ def hf_shapes(d: Dims, tied: bool) -> list[tuple[str, tuple]]:
     return out
 
 
-def plan_files(shapes: list[tuple[str, tuple]], dtype: torch.dtype, max_bytes: int) -> dict[str, list]:
-    """Tensors per output file, in order, each file at most max_bytes (HF names: model.safetensors, or
-    model-0000i-of-0000n.safetensors)."""
-    size = torch.empty((), dtype=dtype).element_size()
-    groups, current, used = [], [], 0
-    for name, shape in shapes:
-        nbytes = math.prod(shape) * size
-        if current and used + nbytes > max_bytes:
-            groups.append(current)
-            current, used = [], 0
-        current.append((name, shape))
-        used += nbytes
-    groups.append(current)
-    if len(groups) == 1:
-        return {"model.safetensors": groups[0]}
-    return {f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors": g for i, g in enumerate(groups)}
-
-
-ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
-
-
-def write_safetensors(path: Path, entries: list[tuple[str, tuple]], tensors: Iterator[Entry], dtype: torch.dtype) -> None:
-    """Stream tensors into one safetensors file: the header (known from the shapes) first, then each
-    tensor, assembled in a buffer of its own that is freed once written, so only one tensor is in
-    memory (safetensors' save_file needs them all). The format: 8-byte little-endian header size,
-    JSON header (padded to 8 bytes), data."""
-    size = torch.empty((), dtype=dtype).element_size()
-    header, at = {"__metadata__": {"format": "pt"}}, 0
-    for name, shape in entries:
-        n = math.prod(shape) * size
-        header[name] = {"dtype": ST_DTYPES[dtype], "shape": list(shape), "data_offsets": [at, at + n]}
-        at += n
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
-    with open(path, "wb") as fh:
-        fh.write(struct.pack("<Q", len(raw)) + raw)
-        for name, shape in entries:
-            got, fill = next(tensors)
-            if got != name:
-                raise ValueError(f"merge: expected {name}, got {got}")
-            t = torch.empty(shape, dtype=dtype)
-            fill(t)
-            fh.write(memoryview(t.view(-1).view(torch.uint8).numpy()))
-            del t
-
-
 def merge(
     ckpt_dir: str | Path,
     out_dir: str | Path,
@@ -338,7 +296,7 @@ def merge(
     dtype: str = "bfloat16",
     layout: Layout | None = None,
     hf_config: dict | None = None,
-    max_shard_bytes: int = 5 << 30,
+    max_shard_bytes: int = MAX_FILE_BYTES,
 ) -> dict:
     ckpt_dir = Path(ckpt_dir)
     record_path = ckpt_dir / "pretrained_weight" / LAYOUT_FILE
@@ -374,12 +332,7 @@ def merge(
             write_safetensors(tmp / fname, entries, tensors, torch_dtype)
         if (extra := next(tensors, None)) is not None:
             raise ValueError(f"merge: {extra[0]} was not planned")
-        weight_map = {name: fname for fname, entries in plan.items() for name, _ in entries}
-        if len(plan) > 1:
-            size = torch.empty((), dtype=torch_dtype).element_size()
-            total = sum(math.prod(shape) * size for entries in plan.values() for _, shape in entries)  # tensor bytes, as HF
-            index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-            (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+        weight_map = write_index(tmp, plan, torch_dtype)
         from transformers import LlamaConfig
 
         from llmpipe.model.hf_compat import legacy_readable

@@ -16,7 +16,6 @@ Tied embeddings: lm_head is written from embed_tokens (NxD's Llama has its own l
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import logging
 import re
@@ -29,6 +28,7 @@ from llmpipe.backends.neuron import torchfile
 from llmpipe.backends.neuron.hf_reader import HFCheckpoint
 from llmpipe.backends.neuron.layout import Dims, Layout, kv_rows, layer_pp_rank, q_rows, rank_file, split
 from llmpipe.io import atomic_path, write_json
+from llmpipe.model.safetensors_out import map_large_allocations, release_freed_memory
 
 log = logging.getLogger(__name__)
 
@@ -128,29 +128,6 @@ def rank_entries(hf: HFCheckpoint, tp_rank: int, pp_rank: int, layout: Layout, d
         yield full(hf, "model.norm.weight")
         head = "lm_head.weight" if "lm_head.weight" in hf else "model.embed_tokens.weight"
         yield rows_of(hf, "lm_head.weight", head, *split(d.vocab, tp_rank, tp))
-
-
-def _libc():
-    try:
-        return ctypes.CDLL("libc.so.6")
-    except OSError:  # not glibc: nothing to tune
-        return None
-
-
-def map_large_allocations() -> None:
-    """glibc raises its mmap threshold after big frees, then serves later tensors from the heap, where
-    freed read buffers stay in RSS between live tensors; a fixed 1 MiB threshold maps every tensor
-    and returns it to the OS when freed."""
-    libc = _libc()
-    if libc is not None and hasattr(libc, "mallopt"):
-        libc.mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
-
-
-def release_freed_memory() -> None:
-    """Return freed heap memory to the OS between rank files."""
-    libc = _libc()
-    if libc is not None and hasattr(libc, "malloc_trim"):
-        libc.malloc_trim(0)
 
 
 def shard(model_dir: str | Path, out_dir: str | Path, layout: Layout) -> dict:
