@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Build .venvs/nxd-hf: transformers 4.48.0 (the version NxD's Llama examples pin) and its dependencies
-# from the exact list envs/nxd-hf-cpu.txt, no torch (AutoConfig needs none). Tests read our config.json
-# there exactly as NxD's trainer will (tests/test_neuron_hf_config.py). Idempotent: does nothing when
+# Build .venvs/nxd-hf: transformers 4.48.0 and datasets 3.6.0 (the versions NxD's Llama examples pin) and
+# their dependencies from the exact list envs/nxd-hf-cpu.txt, no torch (AutoConfig needs none). Tests read our
+# config.json and hf view there exactly as NxD's trainer will (tests/test_neuron_hf_config.py). Idempotent: does nothing when
 # the venv was built from the same list. Usage: scripts/setup-env-nxd-hf.sh [VENV_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +15,6 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$venv/bin/python"
 fi
 python -m venv --clear "$venv"
 "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps -r "$lock"
-"$venv/bin/python" -c "import transformers; assert transformers.__version__ == '4.48.0', transformers.__version__"
+"$venv/bin/python" -c "import datasets, transformers; assert (transformers.__version__, datasets.__version__) == ('4.48.0', '3.6.0')"
 echo "$want" > "$stamp"
-echo "setup-env-nxd-hf: built $venv (transformers 4.48.0)"
+echo "setup-env-nxd-hf: built $venv (transformers 4.48.0, datasets 3.6.0)"

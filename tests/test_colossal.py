@@ -263,6 +263,10 @@ def test_a_tp_that_does_not_divide_the_heads_is_named_before_any_job(prepared, t
         "num_key_value_heads 2 (ColossalAI splits the attention heads over the tp ranks)"
     )
     assert not (tmp_path / "ck").exists()
+    # a config without Llama's head counts (GPT-2's n_head), or tp 1: nothing to check, no KeyError
+    from llmpipe.backends.colossal.checks import head_problems
+
+    assert head_problems(4, {"n_head": 12}, "x: ") == [] and head_problems(1, {"num_attention_heads": 6}, "x: ") == []
 
 
 def test_validation_runs_as_many_forwards_on_every_rank(prepared):

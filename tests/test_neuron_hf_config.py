@@ -191,3 +191,28 @@ def test_export_dtype_reads_as_torch_dtype_in_4x(tmp_path, prepared):
     assert written["dtype"] == "bfloat16"
     read = "import sys\nfrom transformers import LlamaConfig\nprint(LlamaConfig.from_pretrained(sys.argv[1]).torch_dtype)"
     assert nxd_python(read, str(tmp_path / "hf")) == "bfloat16"
+
+
+LOAD_VIEW = """
+import json, sys
+import datasets, numpy as np
+ds = datasets.load_from_disk(sys.argv[1]).with_format("numpy")  # NxD's training_utils: load_from_disk(data_dir)
+print(json.dumps({"version": datasets.__version__, "columns": ds.column_names, "rows": ds.num_rows,
+                  "sums": {c: int(np.asarray(ds[c], dtype=np.int64).sum()) for c in ds.column_names},
+                  "first": np.asarray(ds[0]["input_ids"]).tolist()}))
+"""
+
+
+def test_hf_view_loads_in_the_datasets_nxd_pins(prepared):
+    """NxD's trainer reads {view}/train with load_from_disk under datasets<=3.6.0 (envs/neuron.txt), which
+    knows no feature type "List" (datasets 4+): the view declares "Sequence" and reads there exactly as here."""
+    import datasets
+    import numpy as np
+
+    view = prepared["view"] / "train"
+    got = json.loads(nxd_python(LOAD_VIEW, str(view)))
+    ours = datasets.load_from_disk(str(view)).with_format("numpy")
+    assert got["version"] == "3.6.0" and got["rows"] == ours.num_rows > 0
+    assert got["columns"] == ours.column_names and {"input_ids", "labels", "attention_mask"} <= set(got["columns"])
+    assert got["sums"] == {c: int(np.asarray(ours[c], dtype=np.int64).sum()) for c in ours.column_names}
+    assert got["first"] == np.asarray(ours[0]["input_ids"]).tolist()

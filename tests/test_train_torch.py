@@ -203,6 +203,11 @@ def test_validation_rows_are_shared_among_processes_and_capped(prepared):
     for r in range(3):
         dataset_loss(model, rows, 2, cpu, share=(r, 3), reduce=keep, max_batches=2)
     assert int(sum(pairs)[1]) == first[1]
+    # no autograd graph: each batch's activations would stay alive to the end (a review measured 8.3 GB vs
+    # 86 MB on CPU when a refactor moved torch.no_grad off dataset_loss)
+    seen = []
+    dataset_loss(model, rows, 2, cpu, reduce=lambda pair: seen.append((torch.is_grad_enabled(), pair.requires_grad)) or pair)
+    assert seen == [(False, False)]
 
 
 def test_a_step_checkpoint_exports_and_a_mistyped_folder_is_one_line(prepared, baseline, tmp_path):

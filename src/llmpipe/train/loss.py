@@ -47,7 +47,6 @@ def label_count(batches: list[dict]) -> int:
     return sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in batches)
 
 
-@torch.no_grad()
 def shared_rows(size: int, batch_size: int, rank: int, world: int, max_batches: int | None = None):
     """The rows (a range) a process scores in each validation forward: rows rank, rank + world, ... of a split's
     first max_batches * batch_size rows (the same rows on any world size; all when None), in as many forwards
@@ -59,6 +58,7 @@ def shared_rows(size: int, batch_size: int, rank: int, world: int, max_batches: 
         yield rows[start : start + batch_size]
 
 
+@torch.no_grad()
 def dataset_loss(
     model,
     dataset,

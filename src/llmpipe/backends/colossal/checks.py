@@ -87,8 +87,11 @@ def pipeline_problems(cfg: dict) -> list[str]:
 
 def head_problems(tp: int, conf: dict, source: str) -> list[str]:
     """ColossalAI's Llama shard policy asserts, at booster.boost on every rank, that parallel.tp divides the
-    query and the key/value heads; `conf`: a config.json or the model section, named by `source`."""
-    heads = conf["num_attention_heads"]
+    query and the key/value heads; `conf`: a config.json or the model section, named by `source`. Nothing to
+    check at tp 1, or for a config without Llama's head counts (ColossalAI's own policy then decides)."""
+    heads = conf.get("num_attention_heads")
+    if tp == 1 or heads is None:
+        return []
     sizes = {"num_attention_heads": heads, "num_key_value_heads": conf.get("num_key_value_heads") or heads}
     return [
         f"parallel.tp {tp} does not divide {source}{key} {n} (ColossalAI splits the attention heads over the tp ranks)"

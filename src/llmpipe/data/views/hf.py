@@ -64,9 +64,14 @@ def _columns(segment_ids: bool, seg_dtype: str) -> dict[str, str]:
     return cols
 
 
+# The feature type as datasets < 4 names it: NxD's trainers pin datasets<=3.6.0 (envs/neuron.txt), which
+# knows no "List" (datasets 4 added it, and still reads "Sequence" with a length as List(length=)).
+SEQUENCE = "Sequence"
+
+
 def _schema(cols: dict[str, str], seq_len: int) -> pa.Schema:
-    """Features({k: List(Value(v), length=seq_len)}).arrow_schema with the metadata ArrowWriter adds."""
-    features = {k: {"feature": {"dtype": v, "_type": "Value"}, "length": seq_len, "_type": "List"} for k, v in cols.items()}
+    """Features({k: Sequence(Value(v), length=seq_len)}).arrow_schema with the metadata ArrowWriter adds."""
+    features = {k: {"feature": {"dtype": v, "_type": "Value"}, "length": seq_len, "_type": SEQUENCE} for k, v in cols.items()}
     return pa.schema(
         [pa.field(k, pa.list_(pa.from_numpy_dtype(np.dtype(v)), seq_len)) for k, v in cols.items()],
         metadata={"huggingface": json.dumps({"info": {"features": features}})},
@@ -88,7 +93,7 @@ def _finish(folder: Path, data_files: list[str], fingerprint: str, cols: dict[st
     }
     (folder / "state.json").write_text(json.dumps(state, indent=2, sort_keys=True))
     features = {
-        k: {"feature": {"dtype": v, "id": None, "_type": "Value"}, "length": seq_len, "id": None, "_type": "List"}
+        k: {"feature": {"dtype": v, "id": None, "_type": "Value"}, "length": seq_len, "id": None, "_type": SEQUENCE}
         for k, v in cols.items()
     }
     info = dict.fromkeys(
