@@ -322,3 +322,23 @@ def test_data_steps_start_openblas_with_one_thread(command, own, threads):
         assert tasks == threads
     else:  # numpy's default: a thread per core, up to OpenBLAS's build limit and the CPU affinity mask
         assert tasks > 1 or cores == 1
+
+
+def test_lazy_doc_starts_answer_as_the_whole_array(tmp_path):
+    """pack's segment ids ask the document starts per batch (DocStarts: the shards' offsets, never one array
+    of every document, which was 16 bytes a document at its peak): the same answers as the array, with
+    empty shards between (more shards than documents) and queries past both ends."""
+    import numpy as np
+
+    from llmpipe.data.token_store import TokenStore
+
+    write_jsonl(tmp_path / "corpus.jsonl", corpus_docs(9))
+    cfg = tiny_config(tmp_path, tokenizer={"source": str(GPT2)}, data={"num_shards": 13})
+    stream = TokenStore(prepare(tmp_path, cfg, views=())["manifest"]).split("train")
+    whole, lazy = stream.doc_starts(), stream.lazy_doc_starts()
+    assert lazy.size == whole.size > 0 and (np.diff(stream.starts) == 0).any()  # some shards are empty
+    q = np.concatenate([np.arange(-2, stream.size + 3), np.random.default_rng(0).integers(0, stream.size, 500)])
+    for side in ("left", "right"):
+        assert np.array_equal(lazy.searchsorted(q, side=side), np.searchsorted(whole, q, side=side)), side
+    i = np.random.default_rng(1).integers(0, whole.size, 300)
+    assert np.array_equal(lazy[i], whole[i]) and np.array_equal(lazy[np.arange(whole.size)], whole)

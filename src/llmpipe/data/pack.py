@@ -83,7 +83,7 @@ def row(read, layout: Layout, i: int, pad_id: int, doc_starts: np.ndarray | None
     segs = None
     if doc_starts is not None:
         pos = np.concatenate([np.arange(a, b) for a, b in spans])
-        doc = np.searchsorted(doc_starts, pos, side="right") - 1
+        doc = doc_starts.searchsorted(pos, side="right") - 1
         doc[spans[0][1] - spans[0][0] :] += doc_starts.size  # a wrapped part holds later documents
         segs = np.full(layout.row_len, -1, np.int32)
         segs[:real] = np.unique(doc, return_inverse=True)[1]  # 0, 1, 2, ... in row order
@@ -124,8 +124,8 @@ def rows(
     if doc_starts is not None:
         segs = np.empty((n, L), seg_dtype)
         a = idx[at] * L
-        lo = np.searchsorted(doc_starts, a, side="right")  # the start at a itself opens segment 0
-        count = np.searchsorted(doc_starts, a + L, side="left") - lo  # starts inside each row
+        lo = doc_starts.searchsorted(a, side="right")  # the start at a itself opens segment 0
+        count = doc_starts.searchsorted(a + L, side="left") - lo  # starts inside each row
         k = count + 1  # segments in each row
         first = np.cumsum(k) - k  # each row's first segment, in the flat list of segments
         begin = np.zeros(int(k.sum()), np.int64)  # each segment's first position in its row

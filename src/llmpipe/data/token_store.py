@@ -153,9 +153,42 @@ class SplitStream:
             out[k] = self.view(int(a[k]), int(a[k]) + length)
 
     def doc_starts(self) -> np.ndarray:
-        """Stream positions where each document begins (all shards)."""
+        """Stream positions where each document begins (all shards), in memory (8 bytes a document)."""
         parts = [stfile.memmap(p, f"{self.split}.offsets")[:-1] + base for p, base in zip(self._paths, self.starts)]
         return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+    def lazy_doc_starts(self) -> DocStarts:
+        """doc_starts() answered from the shards' memory-mapped offsets: no array of every document (pack)."""
+        return DocStarts([stfile.memmap(p, f"{self.split}.offsets")[:-1] for p in self._paths], self.starts)
+
+
+class DocStarts:
+    """The stream positions where documents begin, as the shards' offsets (each from its shard's base),
+    never concatenated: what pack asks of them (searchsorted, indexing, size) per batch, so its memory does
+    not grow with the number of documents (an array of them all was 8 bytes a document, 16 while built)."""
+
+    def __init__(self, offsets: list[np.ndarray], bases: np.ndarray):
+        self.offsets, self.bases = offsets, np.asarray(bases[: len(offsets)], np.int64)
+        self.before = np.concatenate([[0], np.cumsum([o.size for o in offsets])]).astype(np.int64)
+        self.size = int(self.before[-1])
+
+    def searchsorted(self, v, side: str = "left") -> np.ndarray:
+        v = np.asarray(v, np.int64)
+        shard = np.clip(np.searchsorted(self.bases, v, side="right") - 1, 0, None)
+        out = np.empty(v.shape, np.int64)
+        for s in np.unique(shard).tolist():
+            sel = shard == s
+            out[sel] = self.before[s] + np.searchsorted(self.offsets[s], v[sel] - self.bases[s], side=side)
+        return out
+
+    def __getitem__(self, i) -> np.ndarray:
+        i = np.asarray(i, np.int64)
+        shard = np.searchsorted(self.before, i, side="right") - 1
+        out = np.empty(i.shape, np.int64)
+        for s in np.unique(shard).tolist():
+            sel = shard == s
+            out[sel] = self.offsets[s][i[sel] - self.before[s]] + self.bases[s]
+        return out
 
 
 class TokenStore:

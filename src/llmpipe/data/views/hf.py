@@ -123,7 +123,7 @@ def write_split(
     layout = Layout(stream.size, seq_len, remainder)
     if layout.rows == 0:
         raise ValueError(f"{split} split has {stream.size} tokens: not one row of seq_len {seq_len}")
-    starts = stream.doc_starts() if segment_ids else None
+    starts = stream.lazy_doc_starts() if segment_ids else None
     seg_dtype = "int16" if seq_len < 2**15 else "int32"
     cols_spec = _columns(segment_ids, seg_dtype)
     schema = _schema(cols_spec, seq_len)
