@@ -18,9 +18,10 @@ from llmpipe.model.folder import FolderError, model_folder, tokenizer_folder
 from llmpipe.model.hf_compat import legacy_readable
 from llmpipe.model.safetensors_out import (
     DTYPES,
-    IGNORED,
     MAX_FILE_BYTES,
+    READ_DTYPES,
     map_large_allocations,
+    not_weight,
     plan_files,
     write_index,
     write_safetensors,
@@ -46,9 +47,6 @@ def weight_files(folder: Path) -> list[Path] | None:
     if index.is_file():
         return sorted({folder / f for f in json.loads(index.read_text())["weight_map"].values()})
     return [folder / "model.safetensors"] if (folder / "model.safetensors").is_file() else None
-
-
-READ_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
 
 
 def tensors_of(files: list[Path], skip) -> dict[str, tuple[Path, int, str, tuple]]:
@@ -94,7 +92,7 @@ def export(
         return export_whole(trained, tokenizer_dir, out_dir, dtype)
     config = AutoConfig.from_pretrained(trained, trust_remote_code=False, local_files_only=True)
     tied = bool(getattr(config, "tie_word_embeddings", False))
-    found = tensors_of(files, lambda n: any(s in n for s in IGNORED) or (tied and n == "lm_head.weight"))
+    found = tensors_of(files, lambda n: not_weight(n) or (tied and n == "lm_head.weight"))
     rows = found["model.embed_tokens.weight"][3][0] if "model.embed_tokens.weight" in found else config.vocab_size
     check_rows(rows, len(load_tokenizer(tokenizer_dir)), tokenizer_dir, trained)
     torch_dtype, bad = DTYPES[dtype], []

@@ -16,6 +16,11 @@ from llmpipe.model.hf_compat import legacy_readable
 log = logging.getLogger(__name__)
 
 
+def special_ids(tok) -> dict:
+    """A tokenizer's BOS / EOS / PAD ids as config.json and generation_config.json name them."""
+    return {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}
+
+
 def llama_config(model_cfg: dict, vocab_size: int, seq_len: int, tok):
     from transformers import LlamaConfig
 
@@ -38,9 +43,7 @@ def llama_config(model_cfg: dict, vocab_size: int, seq_len: int, tok):
         rms_norm_eps=model_cfg["rms_norm_eps"],
         tie_word_embeddings=model_cfg["tie_word_embeddings"],
         initializer_range=model_cfg["initializer_range"],
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
+        **special_ids(tok),
     )
 
 
@@ -95,7 +98,7 @@ def match_special_tokens(model, tok) -> None:
     eos = model.config.eos_token_id
     if tok.eos_token_id is None or tok.eos_token_id in (eos if isinstance(eos, list) else [eos]):
         return
-    ids = {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}
+    ids = special_ids(tok)
     log.warning("the tokenizer is not the base model's: special token ids %s (the base had eos %s)", ids, eos)
     for key, value in ids.items():
         setattr(model.config, key, value)

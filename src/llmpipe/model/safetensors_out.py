@@ -18,6 +18,12 @@ ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
 Entry = tuple[str, Callable[[torch.Tensor], None]]  # a tensor's name, and what fills it (given its buffer)
 MAX_FILE_BYTES = 5 << 30  # as save_pretrained's default shard size
 IGNORED = ("rotary_emb.",)  # buffers a trainer may save; not weights of the HF model
+READ_DTYPES = {v: k for k, v in ST_DTYPES.items()}  # safetensors' dtype names -> torch
+
+
+def not_weight(name: str) -> bool:
+    """A buffer a trainer may have saved (IGNORED), not a weight of the HF model."""
+    return any(s in name for s in IGNORED)
 
 
 def plan_files(shapes: list[tuple[str, tuple]], dtype: torch.dtype, max_bytes: int) -> dict[str, list]:

@@ -42,10 +42,10 @@ from llmpipe.backends.neuron.xser import RankFile
 from llmpipe.io import atomic_path, write_json
 from llmpipe.model.safetensors_out import (
     DTYPES,
-    IGNORED,
     MAX_FILE_BYTES,
     Entry,
     map_large_allocations,
+    not_weight,
     plan_files,
     write_index,
     write_safetensors,
@@ -119,7 +119,7 @@ class Shards:
                     raise FileNotFoundError(f"NxD rank file missing: {folder} has none of {', '.join(rank_candidates(t, p))}")
                 self.files[(t, p)] = RankFile(found)
         for (_, p), f in self.files.items():
-            want, have = expected_names(p, layout, d), {k for k in f.keys() if not any(s in k for s in IGNORED)}
+            want, have = expected_names(p, layout, d), {k for k in f.keys() if not not_weight(k)}
             if want != have:
                 raise ValueError(
                     f"{f.path} does not match layout {layout.attention} (tp {layout.tp}, pp {layout.pp}): "

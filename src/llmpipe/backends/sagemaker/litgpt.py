@@ -77,14 +77,14 @@ def hf_state_dict(sd: dict, c: dict) -> dict:
     return out
 
 
-def special_ids(tokenizer_dir: Path | None) -> dict:
+def tokenizer_ids(tokenizer_dir: Path | None) -> dict:
     """BOS / EOS / PAD ids of the run's tokenizer, as init-model sets them (lit-gpt's config has none)."""
     if tokenizer_dir is None:
         return {}
     from llmpipe.data.tokenizer import load_tokenizer
+    from llmpipe.model.init import special_ids
 
-    tok = load_tokenizer(tokenizer_dir)
-    return {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}
+    return special_ids(load_tokenizer(tokenizer_dir))
 
 
 def convert(ckpt: Path, out: Path, tokenizer_dir: Path | None = None) -> None:
@@ -111,7 +111,7 @@ def convert(ckpt: Path, out: Path, tokenizer_dir: Path | None = None) -> None:
         tie_word_embeddings=tied,
         attention_bias=bool(c.get("bias", False)),
         mlp_bias=bool(c.get("bias", False)),
-        **special_ids(tokenizer_dir),
+        **tokenizer_ids(tokenizer_dir),
     )
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
