@@ -1,8 +1,8 @@
 """G4: a large plain JSONL source with fewer sources than shards is cut by get_data into one byte range per
-shard at record starts (data.range_split_bytes); each tokenize job reads only its range. The store holds the
-same documents with the same ids, validation split and skip locations as the record-index-modulo deal
-(range_split_bytes: null); only the documents' order across shards differs. A file changed after get_data
-stops the job naming it."""
+shard at line starts (data.range_split_bytes), reading only from each cut's target to the next line end; each
+tokenize job reads only its range. Its documents are identified by their lines' byte offsets: the store holds
+the same documents and skips as the record-index-modulo deal (range_split_bytes: null), under those ids, and the
+same ids and validation split for any shard count. A file changed after get_data stops the job naming it."""
 
 import contextlib
 import hashlib
@@ -54,12 +54,12 @@ def corpus(tmp_path_factory):
     return root
 
 
-def config(tmp, corpus, split_at):
+def config(tmp, corpus, split_at, shards=SHARDS):
     return tiny_config(
         tmp,
         data={
             "sources": [str(corpus / "big.jsonl"), str(corpus / "small.jsonl")],
-            "num_shards": SHARDS,
+            "num_shards": shards,
             "on_bad_record": "skip",
             "range_split_bytes": split_at,
         },
@@ -67,10 +67,10 @@ def config(tmp, corpus, split_at):
     )
 
 
-def store(tokens) -> dict:
+def store(tokens, shards=SHARDS) -> dict:
     """doc id -> (split, token ids), per shard doc id order, and the skipped locations, from the shards."""
     docs, order, skipped, read = {}, [], set(), []
-    for s in range(SHARDS):
+    for s in range(shards):
         with safe_open(str(tokens / f"shard-{s:05d}.safetensors"), framework="numpy") as f:
             meta = json.loads(f.metadata()["read"])
             read.append(meta)
@@ -92,32 +92,57 @@ def store(tokens) -> dict:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, corpus):
     out = {}
-    for name, split_at in (("ranges", SPLIT_AT), ("modulo", None)):
+    for name, split_at, shards in (("ranges", SPLIT_AT, SHARDS), ("modulo", None, SHARDS), ("ranges3", SPLIT_AT, 3)):
         tmp = tmp_path_factory.mktemp(name)
-        res = prepare(tmp, config(tmp, corpus, split_at), views=())
-        out[name] = {**res, **store(res["tokens"]), "sources_json": json.loads((tmp / "sources.json").read_text())}
+        res = prepare(tmp, config(tmp, corpus, split_at, shards), views=())
+        out[name] = {**res, **store(res["tokens"], shards), "sources_json": json.loads((tmp / "sources.json").read_text())}
     return out
 
 
-def test_same_documents_split_and_skips_as_the_modulo_deal(runs, corpus):
+def records_of(data: bytes) -> list[tuple[int, int]]:
+    """(byte offset, line number) of each record (a line not blank) of a JSONL file, by universal newlines."""
+    out, at = [], 0
+    for n, line in enumerate(data.splitlines(keepends=True), 1):
+        if line.strip():
+            out.append((at, n))
+        at += len(line)
+    return out
+
+
+def test_same_documents_and_skips_as_the_modulo_deal_under_offset_ids(runs, corpus):
     r, m = runs["ranges"], runs["modulo"]
     big, small = r["sources_json"]["sources"]
     assert len(big["ranges"]) == SHARDS + 1 and "ranges" not in small  # only the large file is cut
     assert all("ranges" not in e for e in m["sources_json"]["sources"])
     assert r["sources_json"]["key"] != m["sources_json"]["key"]  # the cut keys every later output
 
-    assert r["docs"] == m["docs"]  # doc id -> (train/val, token ids): same documents, ids and split
+    data = (corpus / "big.jsonl").read_bytes()
+    recs = records_of(data)  # record i of the modulo deal is the line at recs[i][0] in the cut file
+    bad = set(bad_line_numbers(corpus))
+    good = [(i, at) for i, (at, line) in enumerate(recs) if line not in bad]
+    assert {d for d in r["docs"] if d >> 40 == 0} == {at for _, at in good}  # ids: the lines' byte offsets
+    assert all(r["docs"][at][1] == m["docs"][i][1] for i, at in good)  # the same tokens for each record
+    small_ids = {d for d in m["docs"] if d >> 40 == 1}
+    assert {d: r["docs"][d] for d in small_ids} == {d: m["docs"][d] for d in small_ids}  # small.jsonl: as before
     assert {d for d, (s, _) in r["docs"].items() if s == "val"}  # the split is not empty
-    assert r["skipped"] == m["skipped"] == {f"{corpus / 'big.jsonl'}:{n}" for n in bad_line_numbers(corpus)}
+    assert r["skipped"] == {f"{corpus / 'big.jsonl'}:byte {at}" for at, line in recs if line in bad}
+    assert m["skipped"] == {f"{corpus / 'big.jsonl'}:{n}" for n in bad}
     assert sum(x["skipped_total"] for x in r["read"]) == sum(x["skipped_total"] for x in m["read"]) == 3
     rm, mm = (json.loads(x["manifest"].read_text()) for x in (r, m))
-    assert rm["totals"] == mm["totals"] and rm["by_source"] == mm["by_source"]
-    assert r["order"] != m["order"]  # what differs: which shard holds a record of the cut file
-    for s, ids in enumerate(r["order"]):  # shard s holds a contiguous run of big.jsonl's records
-        first = big["ranges"][s][1]
-        recs = sorted(i for i in ids if i >> 40 == 0)
-        assert all(first <= i < big["ranges"][s + 1][1] for i in recs)
+    for man in (rm, mm):  # every document once, in train or val
+        by_source = {k: sum(v[s]["documents"] for s in ("train", "val")) for k, v in man["by_source"].items()}
+        assert by_source == {"0": len(good), "1": len(small_ids)}, by_source
+    for s, ids in enumerate(r["order"]):  # shard s holds big.jsonl's records that start in its range
+        assert all(big["ranges"][s] <= i < big["ranges"][s + 1] for i in ids if i >> 40 == 0)
         assert all((i & (1 << 40) - 1) % SHARDS == s for i in ids if i >> 40 == 1)  # small.jsonl: still the modulo deal
+
+
+def test_offset_ids_and_split_do_not_depend_on_the_shard_count(runs):
+    """Cut into 3 ranges or 5, the cut file's documents keep their ids and their train/val side."""
+    five, three = runs["ranges"], runs["ranges3"]
+    assert five["sources_json"]["sources"][0]["ranges"] != three["sources_json"]["sources"][0]["ranges"]
+    cut = {d: v for d, v in five["docs"].items() if d >> 40 == 0}
+    assert cut and cut == {d: v for d, v in three["docs"].items() if d >> 40 == 0}
 
 
 def bad_line_numbers(corpus) -> list[int]:
@@ -178,7 +203,7 @@ def test_each_range_has_its_sha256_from_its_one_read(tmp_path, corpus, runs):
     """The store lists the sha256 of each byte range as its job read it (and of a whole file); ranges left
     empty (more shards than records at a cut) are listed too."""
     big, small = (corpus / "big.jsonl").read_bytes(), (corpus / "small.jsonl").read_bytes()
-    cuts = [r[0] for r in runs["ranges"]["sources_json"]["sources"][0]["ranges"]]
+    cuts = runs["ranges"]["sources_json"]["sources"][0]["ranges"]
     manifest = json.loads(runs["ranges"]["manifest"].read_text())
     assert manifest["source_sha256"] == {
         str(corpus / "big.jsonl"): [[a, b, hashlib.sha256(big[a:b]).hexdigest()] for a, b in zip(cuts, cuts[1:])],
@@ -200,7 +225,7 @@ def test_each_range_has_its_sha256_from_its_one_read(tmp_path, corpus, runs):
     get_data(cfg["data"], tmp_path / "sources.json")
     copy_tokenizer(str(GPT2), tmp_path / "tokenizer")
     tokenize_job(cfg, str(tmp_path / "sources.json"), 0, tmp_path / "tokenizer", tmp_path / "job", 1, per_job=SHARDS)
-    cuts = [r[0] for r in json.loads((tmp_path / "sources.json").read_text())["sources"][0]["ranges"]]
+    cuts = json.loads((tmp_path / "sources.json").read_text())["sources"][0]["ranges"]
     assert len(set(cuts)) < len(cuts)  # some ranges are empty
     got = json.loads((tmp_path / "job" / "read.json").read_text())["sha256"]
     data = three.read_bytes()
@@ -240,7 +265,7 @@ def test_file_changed_after_get_data_fails_naming_it(tmp_path, corpus, change):
     assert not (tmp_path / "s.safetensors").exists()
 
 
-def test_snakemake_store_with_ranges_totals_equal_the_modulo_run(tmp_path, corpus):
+def test_snakemake_store_with_ranges_holds_what_the_modulo_run_holds(tmp_path, corpus):
     work = tmp_path / "repo"
     shutil.copytree(REPO, work, ignore=REPO_IGNORE, symlinks=True)
     shutil.copyfile(corpus / "big.jsonl", work / "big.jsonl")
@@ -271,50 +296,110 @@ def test_snakemake_store_with_ranges_totals_equal_the_modulo_run(tmp_path, corpu
         manifest = json.loads((work / f"results/{run}/data/tokens/manifest.json").read_text())
         sources = json.loads((work / f"results/{run}/data/sources.json").read_text())["sources"]
         assert ("ranges" in sources[0]) == (split_at is not None)
-        totals[run] = (manifest["totals"], manifest["by_source"], manifest["read"]["skipped"])
+        both = {
+            k: [sum(v[s][x] for s in ("train", "val")) for x in ("documents", "tokens")] for k, v in manifest["by_source"].items()
+        }
+        totals[run] = (both, manifest["read"]["skipped"], manifest["totals"]["val"]["documents"])
         big, small = ((work / f).stat().st_size for f in ("big.jsonl", "small.jsonl"))
-        reads = manifest["source_reads"]  # get-data's pass over a file it cuts into ranges is counted: x2.0 for it
-        assert reads["get_data_bytes"] == (big if split_at is not None else 0)
+        reads = manifest["source_reads"]  # get-data's reads to find the cuts are counted: about a line a cut
+        longest = max(map(len, (work / "big.jsonl").read_bytes().splitlines()))
+        assert (0 < reads["get_data_bytes"] <= (SHARDS - 1) * 2 * (longest + 256)) == (split_at is not None)
         assert reads["bytes_read"] == reads["source_bytes"] + reads["get_data_bytes"] == big + small + reads["get_data_bytes"]
         if split_at is not None:
-            assert manifest["read"]["bytes_read"] == {"big.jsonl": big}
-            assert reads["not_read_once"] == {"big.jsonl": {"size": big, "bytes_read": 2 * big}}
-    assert totals["ranges"] == totals["modulo"]
+            assert manifest["read"]["bytes_read"] == {"big.jsonl": big}  # the ranges tile the file
+            assert reads["ratio"] < 1.1
+    assert totals["ranges"][:2] == totals["modulo"][:2]  # documents and tokens by source, skips (the split: another sample)
+    assert totals["ranges"][2] > 0 and totals["modulo"][2] > 0
     # get-data again, the file unchanged: the cut comes from its cache, no byte read
     with contextlib.chdir(work):
         cfg = cfgmod.validate(yaml.safe_load((work / "ranges.yaml").read_text()))
         again = get_data(cfg["data"], work / "results/ranges/data/sources.json")
     assert again["scanned"] == {} and "ranges" in again["sources"][0]
-    assert np.sum([t["documents"] for t in totals["ranges"][0].values()]) > 0
+    assert np.sum([docs for docs, _ in totals["ranges"][0].values()]) > 0
+
+
+def line_starts(data: bytes) -> list[int]:
+    """Offsets where a line starts: 0, after an LF, after a CR that no LF follows (universal newlines)."""
+    return [p for p in range(len(data) + 1) if p == 0 or data[p - 1] == 10 or data[p - 1] == 13 and data[p : p + 1] != b"\n"]
 
 
 @pytest.mark.parametrize("ends", ["\n", "\r\n", "\r"])
-def test_split_points_stream_a_huge_line(tmp_path, monkeypatch, ends):
-    """A line longer than HUGE_RECORD_BYTES (a record, and one of blanks only) is classified as it streams,
-    not held: the same cuts as holding it (record indices, line numbers, offsets), and every cut a record
-    start. Before, get-data held such a line and copied it once per block read (quadratic time)."""
-    from llmpipe.data.readers import jsonl, limits
+def test_split_points_read_a_line_a_cut(tmp_path, monkeypatch, ends):
+    """Each cut is the first line start at or after k * size / n, found by reading from there to the line's end
+    only (reads growing from 256 bytes to CUT_READ: a 3 MB line crossing cuts is streamed, not held); a target
+    inside the line the last cut passed reads nothing."""
+    from llmpipe.data.readers import jsonl
     from llmpipe.data.readers.jsonl import split_points
 
     lines = [json.dumps({"text": d}) for d in corpus_docs(40)]
     lines[7] = json.dumps({"text": "long " * 3000})  # 15 KB
     lines[21] = " " * 9000  # blank: no record
-    lines[30] = json.dumps({"text": "x" * 20000})
+    lines[30] = json.dumps({"text": "x" * (3 << 20)})  # over several cuts' targets
     path = tmp_path / "c.jsonl"
-    path.write_bytes(("\ufeff" + ends.join(lines) + ends).encode())
-    whole = split_points(str(path), 16)
-    monkeypatch.setattr(limits, "STRIDE_BLOCK", 1024)
-    monkeypatch.setattr(limits, "HUGE_RECORD_BYTES", 4096)
-    streamed_lines = []
+    data = ("\ufeff" + ends.join(lines) + ends).encode()
+    path.write_bytes(data)
+    searched = []
 
-    class Counted(jsonl.HugeLine):
-        def __init__(self, head, fh, size):
-            streamed_lines.append(len(head))
-            super().__init__(head, fh, size)
+    class Watched:
+        def search(self, buf, pos, end):
+            searched.append(len(buf))
+            return real.search(buf, pos, end)
 
-    monkeypatch.setattr(jsonl, "HugeLine", Counted)
-    streamed = split_points(str(path), 16)
-    assert streamed == whole and len(streamed_lines) >= 3 and max(streamed_lines) <= 4096 + 1024  # held: <= a block more
-    data = path.read_bytes()
-    starts = {0} | {m + len(ends) for m in range(len(data)) if data.startswith(ends.encode(), m)}
-    assert all(at in starts or at == len(data) for at, _, _ in whole)
+    real = jsonl._LINE_START
+    monkeypatch.setattr(jsonl, "_LINE_START", Watched())
+    n = 64
+    cuts, read = split_points(str(path), n)
+    starts = line_starts(data)
+    expect = [0]
+    for k in range(1, n):
+        expect.append(max(expect[-1], min(p for p in starts + [len(data)] if p >= k * len(data) // n)))
+    assert cuts == expect + [len(data)]
+    assert len(set(cuts)) < len(cuts)  # cuts inside the long line fall on its end
+    assert max(searched) <= jsonl.CUT_READ + 1  # never the whole long line at once
+    past = [c - k * len(data) // n for k, c in enumerate(cuts[1:-1], 1) if c > cuts[k - 1] or k == 1]  # read to find each
+    assert sum(past) <= read < sum(past) + len(past) * jsonl.CUT_READ  # the rest of a line a cut, no more
+
+
+def test_ranges_read_records_at_their_offsets(tmp_path):
+    """Random JSONL (LF, CRLF, CR, blank lines, long lines streamed, a BOM): reading every range gives the records
+    of the whole-file read, in order, each at the byte offset of its line."""
+    import random
+
+    from llmpipe.data.readers import jsonl, limits
+    from llmpipe.data.sources import ByteRange
+
+    rnd, path = random.Random(7), tmp_path / "r.jsonl"
+    for trial in range(60):
+        lines = []
+        for _ in range(rnd.randint(1, 30)):
+            kind = rnd.random()
+            body = (
+                " " * rnd.randint(0, 20)
+                if kind < 0.1
+                else json.dumps({"text": "w " * rnd.randint(1, 3000 if kind < 0.2 else 40)})
+            )
+            lines.append(body.encode() + rnd.choice([b"\n", b"\r\n", b"\r"]))
+        data = (b"\xef\xbb\xbf" if trial % 5 == 0 else b"") + b"".join(lines)
+        path.write_bytes(data)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(limits, "HUGE_RECORD_BYTES", 2048)  # the long lines come as streams
+            cuts, _ = jsonl.split_points(str(path), rnd.randint(2, 9))
+            got = [
+                (w.offset, v if isinstance(v, str) else "".join(v.chunks()))
+                for a, b in zip(cuts, cuts[1:])
+                for w, v in jsonl._jsonl(str(path), "text", part=ByteRange(a, b, len(data)), tally={})
+            ]
+            whole = [v if isinstance(v, str) else "".join(v.chunks()) for w, v in jsonl._jsonl(str(path), "text")]
+        starts = line_starts(data)
+        records = [a for a, b in zip(starts, starts[1:] + [len(data)]) if data[a:b].lstrip(b"\xef\xbb\xbf").strip()]
+        assert [t for _, t in got] == whole and [at for at, _ in got] == records, trial
+
+
+def test_a_sources_json_cut_by_record_index_is_refused_with_the_fix(tmp_path, corpus):
+    """sources.json written before offsets identified a cut file's records ([offset, first record, first line]
+    per range): tokenize would mix two identities in one store, so it stops naming the rerun."""
+    from llmpipe.data.sources import split_source
+
+    old = split_source(str(corpus / "big.jsonl"), [[0, 0, 1], [100, 3, 4], [200, 6, 8]], 200)
+    with pytest.raises(ValueError, match=r"by index.*snakemake --forcerun get_data"):
+        assign([old], 2, 0)

@@ -88,7 +88,7 @@ def digests(run):
     out = {}
     for p in sorted(run.rglob("*")):
         rel = p.relative_to(run).as_posix()
-        if p.is_file() and rel.startswith(("data/", "tokenizer/")) and rel != "data/.sources-ranges.json":
+        if p.is_file() and rel.startswith(("data/", "tokenizer/")) and rel != "data/.sources-cuts.json":
             out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
     return out
 

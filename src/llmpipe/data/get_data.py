@@ -3,10 +3,10 @@
 The tokenize shards stream straight from these sources (no intermediate copy). No source byte is read here
 but one: local files are described by path and size (their sha256 is taken by the tokenize jobs as they read
 them, tokenize.source_checksums), remote ones by size and ETag / mtime. With fewer sources than data.num_shards,
-a local plain JSONL file of at least data.range_split_bytes is cut here into one byte range per shard at record
-starts ("ranges" of its entry, so they key every later output too): each tokenize job reads only its own. The
-cut takes a pass over the file (record indices: document ids and the split stay those of a whole-file read),
-counted as "scanned" and in the store's source_reads (x2.0 for such a file), cached while the file is unchanged.
+a local plain JSONL file of at least data.range_split_bytes is cut here into one byte range per shard at line
+starts ("ranges" of its entry, so they key every later output too): each tokenize job reads only its own, and its
+documents are identified by their lines' byte offsets. Finding a cut reads from its target to the next line end
+(counted as "scanned" and in the store's source_reads; cached while the file is unchanged).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 from llmpipe import config as cfgmod
 from llmpipe.data import mixture
 from llmpipe.data.readers import HF_PREFIX, JSONL_SUFFIXES, BadSource, _compression, source_format, split_points, unsupported
-from llmpipe.data.sources import describe, expand_sources, local_stat, refuse_repeats, split_source
+from llmpipe.data.sources import RECORD_BITS, describe, expand_sources, local_stat, refuse_repeats, split_source
 from llmpipe.io import write_json
 
 log = logging.getLogger(__name__)
@@ -57,18 +57,19 @@ def check_sources(sources: list[str], policy: str) -> dict[str, str]:
 
 
 def splits(data_cfg: dict, sources: list[str], bad: dict) -> list[str]:
-    """The sources to cut into byte ranges: local plain JSONL files of at least data.range_split_bytes, when
-    there are fewer sources than shards (record-level deal). Smaller files keep the record index modulo
-    num_shards deal, so their stores stay as they were (docs/data.md, Sharding)."""
+    """The sources to cut into byte ranges: local plain JSONL files of at least data.range_split_bytes (and
+    under 2**RECORD_BITS bytes: offsets are document ids), when there are fewer sources than shards (record-level
+    deal) and no data.max_records_per_source (a count of records from the file's start). Smaller files keep
+    the record index modulo num_shards deal, so their stores stay as they were (docs/data.md, Sharding)."""
     least, n = data_cfg.get("range_split_bytes"), data_cfg["num_shards"]
-    if least is None or len(sources) >= n or n < 2:
+    if least is None or len(sources) >= n or n < 2 or data_cfg.get("max_records_per_source") is not None:
         return []
     out = []
     for s in sources:
         if s in bad or s.startswith(HF_PREFIX) or "://" in s and not s.startswith("file://") or _compression(s):
             continue
         path = s.removeprefix("file://")
-        if s.lower().endswith(JSONL_SUFFIXES) and os.path.isfile(path) and os.path.getsize(path) >= least:
+        if s.lower().endswith(JSONL_SUFFIXES) and os.path.isfile(path) and least <= os.path.getsize(path) < 1 << RECORD_BITS:
             out.append(s)
     return out
 
@@ -86,7 +87,7 @@ def get_data(data_cfg: dict, out: str | Path, threads: int = 1) -> dict:
     unknown = [s for s in sources if s not in bad and source_format(s) is None]
     if unknown:  # a config mistake, whatever on_bad_record says: named here, not by a tokenize job later
         raise ValueError(unsupported(unknown[0]) + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""))
-    cache = Path(out).with_name(".sources-ranges.json")  # not an output: survives Snakemake's delete
+    cache = Path(out).with_name(".sources-cuts.json")  # not an output: survives Snakemake's delete
     known = json.loads(cache.read_text()) if cache.is_file() else {}
     # skip: a directory or unreadable file stays listed (the tokenize jobs count it); no source is read here
     # (the tokenize jobs take each local file's sha256 as they read it: one read per byte)
@@ -104,14 +105,13 @@ def get_data(data_cfg: dict, out: str | Path, threads: int = 1) -> dict:
         seen, stat = known.get(entry["source"], {}), local_stat(entry["source"])
         if seen.get("stat") == stat and seen.get("ranges", {}).get("shards") == n:
             ranges = seen["ranges"]["at"]  # unchanged file, same shard count: the same cut
-        else:  # a pass over the whole file (record indices): counted in the store's source_reads
-            ranges = [list(r) for r in split_points(entry["source"], n)]
-            scanned[entry["source"]] = entry["size"]
-            log.info("%s: %d bytes cut into %d byte ranges at record starts", entry["source"], entry["size"], n)
+        else:  # reads from each target to the next line end: counted in the store's source_reads
+            ranges, scanned[entry["source"]] = split_points(entry["source"], n)
+            log.info("%s: %d bytes cut into %d byte ranges at line starts", entry["source"], entry["size"], n)
         mine = local[entry["source"]] = {"stat": stat}
-        if ranges[-1][0] != entry["size"]:
-            raise BadSource("damaged_source", entry["source"], f"changed while get-data read it ({ranges[-1][0]} bytes)")
-        entry["ranges"] = ranges  # [byte offset, first record index, first line number] per shard, then the end
+        if ranges[-1] != entry["size"]:
+            raise BadSource("damaged_source", entry["source"], f"changed while get-data read it ({ranges[-1]} bytes)")
+        entry["ranges"] = ranges  # the byte offset where each shard's range starts, then the end
         mine["ranges"] = {"shards": n, "at": ranges}
     write_json(cache, local)
     if mix:

@@ -308,11 +308,12 @@ def contains(doc, regex: re.Pattern, overlap: int = 4096) -> bool:
 
 
 def describe_doc(sources: Sequence[str], did: int) -> str:
-    """`source: record N` of a document id (source index << RECORD_BITS | record index)."""
+    """`source: record N` of a document id (source index << RECORD_BITS | record index), `source: byte N` in a
+    file cut into byte ranges (the index is the byte offset of the record's line)."""
     from llmpipe.data.sources import RECORD_BITS
 
-    record = did & ((1 << RECORD_BITS) - 1)
-    return f"{sources[did >> RECORD_BITS]}: record {record}"
+    record, source = did & ((1 << RECORD_BITS) - 1), sources[did >> RECORD_BITS]
+    return f"{source}: {'byte' if getattr(source, 'ranges', None) else 'record'} {record}"
 
 
 def write_pieces(writer, did: int, prefix: list[int], pieces: Pieces, suffix: list[int]) -> None:

@@ -275,7 +275,8 @@ class ShardSet:
             did = next(did for did, _, _ in batch if describe_doc(self.sources, did) == exc.where)
             record = did & ((1 << RECORD_BITS) - 1)
             line = locate(self.sources[did >> RECORD_BITS], self.cfg["data"], record)
-            raise exc.relabel(f"{line or self.sources[did >> RECORD_BITS]} (record {record})") from exc
+            ranged = getattr(self.sources[did >> RECORD_BITS], "ranges", None)  # the record index is a byte offset
+            raise exc.relabel(line if ranged else f"{line or self.sources[did >> RECORD_BITS]} (record {record})") from exc
 
     def _encode(self, out: ShardOutput, batch: list) -> None:
         encoder = self.fast or self.hf

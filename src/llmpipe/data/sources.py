@@ -3,9 +3,9 @@
 Sharding is deterministic: with at least as many sources as shards, whole sources go round-robin to
 shards; otherwise every shard reads every source and keeps the records whose index is its own
 modulo the shard count, except a large plain JSONL file that get_data split into one byte range per
-shard (data.range_split_bytes): each shard reads only its range, records numbered as in the whole
-file. A document is identified by (source index, record index) whatever the shard count or the
-deal, so the validation split never depends on them.
+shard (data.range_split_bytes): each shard reads only its range. A document is identified by (source
+index, record index), or in a file cut into byte ranges by (source index, byte offset of its line), whatever
+the shard count or the deal, so the validation split never depends on them.
 """
 
 from __future__ import annotations
@@ -100,22 +100,18 @@ def refuse_repeats(sources: list[str]) -> None:
 
 @dataclass(frozen=True)
 class ByteRange:
-    """One shard's part of a plain JSONL source split at record starts by get_data: bytes [start, end), whose
-    first record has index `first_record` on line `first_line` of the file; `size`: the file's size when
-    split (a guard), `records`: the file's record count."""
+    """One shard's part of a plain JSONL source that get_data cut at line starts: bytes [start, end); its
+    records are identified by their lines' byte offsets. `size`: the file's size when cut (a guard)."""
 
     start: int
     end: int
-    first_record: int
-    first_line: int
     size: int
-    records: int
 
 
 class Source(str):
     """A source's name (a str: equal to it, hashed, printed and serialised as it) that may carry, for a file
-    get_data split into byte ranges, `ranges`: [(byte offset, first record index, first line number)] of each
-    shard's range plus the end, and the file's `size` then (sources.json; get_data.load_sources)."""
+    get_data split into byte ranges, `ranges`: the byte offset where each shard's range starts, then the
+    file's size, and `size` (sources.json; get_data.load_sources)."""
 
     ranges: tuple | None = None
     size: int | None = None
@@ -123,7 +119,7 @@ class Source(str):
 
 def split_source(name: str, ranges, size: int) -> Source:
     out = Source(name)
-    out.ranges, out.size = tuple(tuple(r) for r in ranges), size
+    out.ranges, out.size = tuple(ranges), size
     return out
 
 
@@ -165,13 +161,17 @@ def assign(sources: list[str], num_shards: int, shard: int) -> Assignment:
         cuts = getattr(source, "ranges", None)
         if cuts is None:
             continue
+        if not isinstance(cuts[0], int):  # [offset, first record, first line]: cut by an llmpipe before 2026-11-30
+            raise ValueError(
+                f"sources.json numbers the records of {source} by index, as llmpipe did before 2026-11-30; its byte "
+                "ranges now identify them by byte offset: run get-data again (snakemake --forcerun get_data)"
+            )
         if len(cuts) != num_shards + 1:
             raise ValueError(
                 f"data source {source} was split into {len(cuts) - 1} byte ranges, not data.num_shards {num_shards}: "
                 "run get-data again"
             )
-        (start, first_record, first_line), (end, _, _) = cuts[shard], cuts[shard + 1]
-        ranges.append((i, ByteRange(start, end, first_record, first_line, source.size, cuts[-1][1])))
+        ranges.append((i, ByteRange(cuts[shard], cuts[shard + 1], source.size)))
     return Assignment(shard, num_shards, tuple(indexed), True, tuple(ranges))
 
 

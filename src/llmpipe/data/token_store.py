@@ -267,8 +267,8 @@ def job_reads(job_dirs: list[Path]) -> list[tuple[dict, Path]]:
 
 
 def source_reads(jobs: list[tuple[dict, Path]], entries: list[dict], scanned: dict | None = None) -> dict | None:
-    """Bytes the tokenize jobs (job_reads), and get-data's scan of the files it cut into byte ranges
-    (`scanned`: sources.json), read from the sources against the sources' sizes (sources.json's entries):
+    """Bytes the tokenize jobs (job_reads), and get-data's reads to find the cuts of the files it cut into byte
+    ranges (`scanned`: sources.json), read from the sources against the sources' sizes (sources.json's entries):
     ratio 1.0 is one read of every byte. Sources read more (or less) than once are listed, the first 20."""
     if not jobs:
         return None

@@ -62,7 +62,10 @@ def unsupported(source: str) -> str:
 
 
 def locate(source: str, cfg: dict, record_index: int) -> str | None:
-    """Where record `record_index` of `source` is (`file:line` for JSONL), by reading it again (error paths only)."""
+    """Where record `record_index` of `source` is (`file:line` for JSONL), by reading it again (error paths only);
+    in a file cut into byte ranges the index is the line's byte offset (`file:byte N`)."""
+    if getattr(source, "ranges", None):
+        return f"{source}:byte {record_index}"
     index = 0
     for where, value in records(source, cfg):
         if where is None:  # records passed over unread
@@ -110,14 +113,14 @@ def documents(
     damaged part way, or without any record) stops the run naming it, or under skip is counted
     once in stats.bad_sources, keeping the documents read before the break.
     stride (shard, n): a promise that `keep` accepts only indices i with i % n == shard.
-    part (sources.ByteRange): read only that byte range of a plain JSONL file (its records, numbered as
-    in the whole file); the bytes read go to stats.bytes_read.
+    part (sources.ByteRange): read only that byte range of a plain JSONL file, each record's index being
+    its line's byte offset (its identity there; `keep` takes it too); the bytes read go to stats.bytes_read.
     stats: a ReadStats, or one per shard behind the same calls (tokenize_job.ShardedStats: `of(record
     index)` is the record's shard's, `skip(BadSource)` counts a broken source in each shard).
     streamed: a record over HUGE_RECORD_BYTES comes as a StreamedText (read in bounded memory), else as a str.
     """
-    limit = cfg["max_records_per_source"]
-    index = start = 0 if part is None else part.first_record
+    limit = None if part is not None else cfg["max_records_per_source"]  # get_data cuts no file under a limit
+    index = 0
     try:
         try:
             for where, value in records(source, cfg, keep, stride, part, stats.bytes_read):
@@ -129,10 +132,11 @@ def documents(
                 if limit is not None and index >= limit:
                     return
                 index += 1
-                if not keep(index - 1):
+                ident = index - 1 if part is None else where.offset
+                if not keep(ident):
                     continue
                 result = check(where, value, cfg)
-                mine = stats.of(index - 1)
+                mine = stats.of(ident)
                 if isinstance(result, BadRecord):
                     if cfg["on_bad_record"] == "fail" and result.reason != "empty":
                         raise result
@@ -145,12 +149,12 @@ def documents(
                         result = result.read()
                 else:
                     mine.bytes += len(result) if result.isascii() else len(result.encode("utf-8", "surrogatepass"))
-                yield index - 1, result
+                yield ident, result
         except Exception as exc:
             if isinstance(exc, BadRecord) or not is_read_error(exc):
                 raise
-            raise broken(source, exc, f"{index} records" if index > start else None) from exc
-        if not (index if part is None else part.records):  # a range may hold no record; the file must
+            raise broken(source, exc, f"{index} records" if index else None) from exc
+        if not index and part is None:  # a range may hold no record (a blank cut file: 0 documents in by_source)
             raise BadSource("empty_source", source, "holds no records (a 0-byte or blank file?)")
     except BadSource as err:
         if cfg["on_bad_record"] == "fail" or err.reason == "corrupt_source":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import orjson
@@ -116,69 +117,37 @@ def _strided_lines(fh, keep, stride: tuple[int, int], pos: list[int]):
             return
 
 
-def split_points(url: str, n: int) -> list[tuple[int, int, int]]:
-    """Where to cut a plain (uncompressed) JSONL file into `n` byte ranges of about equal size, each but the
-    first starting at a record: (byte offset, index of the record there, its line number) for each range's
-    start, then (size, records in the file, lines + 1) for the end. A range whose target falls past the last
-    record starts at the end (empty). One sequential pass; lines, blank lines and record indices are
-    counted by the readers' own code: _lf_lines (the strided scan's blocks) and _each_line (blocks
-    holding a CR, and the first one: a BOM), so the numbering is that of a whole-file read."""
-    import numpy as np
-
-    white = _whitespace()
+def split_points(url: str, n: int) -> tuple[list[int], int]:
+    """Where to cut a plain (uncompressed) JSONL file into `n` byte ranges of about equal size: the first line
+    start at or after each k * size / n (a line starts at 0, after an LF, or after a CR that no LF follows),
+    then the size; and the bytes read to find them: from each target to the next line end, in reads growing
+    from 256 bytes to CUT_READ (the rest of a line a cut, however many cuts; none for a target the last cut's
+    line already passed)."""
     with opener._open_binary(url) as fh:
         size = fh.seek(0, 2)
-        fh.seek(0)
-        targets = [k * size // n for k in range(1, n)]
-        out = [(0, 0, 1)]
-        pos = [0, 0]  # lines, records before the block
-        at, buf, first = 0, bytearray(), True  # at: the block's byte offset
-        while True:
-            chunk = fh.read(limits.STRIDE_BLOCK)
-            buf += chunk
-            # whole lines: up to the last LF, or a CR that is not the last byte (an LF may follow it)
-            cut = max(buf.rfind(b"\n"), buf.rfind(b"\r", 0, len(buf) - 1)) + 1 if chunk else len(buf)
-            if not cut:
-                if not chunk:
-                    break
-                if len(buf) > limits.HUGE_RECORD_BYTES:  # one line too long to hold: classified as it streams
-                    held, base, counted = len(buf), pos[0], _Bounded(fh, 1 << 62, {}, url)
-                    huge = HugeLine(buf, counted, limits.STRIDE_BLOCK)  # takes buf's bytes
-                    if any(True for _ in _each_line([huge], None, pos, base)):  # a record at `at`
-                        while targets and targets[0] <= at:
-                            out.append((at, pos[1] - 1, base + 1))
-                            targets.pop(0)
-                    rest = huge.finish()
-                    at += held + counted.tally[url] - len(rest)  # the line and its end
-                    buf, first = bytearray(rest), False
+        cuts, read = [0], 0
+        for k in range(1, n):
+            target = k * size // n
+            if target <= cuts[-1]:  # inside the line the last cut skipped, or at it
+                cuts.append(cuts[-1])
                 continue
-            block = bytes(buf[:cut])
-            del buf[:cut]
-            if first or b"\r" in block:
-                lines = block.splitlines(keepends=True)
-                line_at = np.concatenate([[0], np.cumsum([len(x) for x in lines], dtype=np.int64)])
-                base, found = pos[0], []
-                for lineno, _ in _each_line(lines, None, pos, pos[0]):
-                    found.append((lineno - base - 1, pos[1] - 1))
-                rec = np.array([f[0] for f in found], np.int64)
-                offs, idx = at + line_at[rec], np.array([f[1] for f in found], np.int64)
-                line_no = base + rec + 1
-                pos[0] = base + len(lines)
-                first = False
-            else:
-                starts, ends, record = _lf_lines(block, white)
-                rec = np.flatnonzero(record)
-                offs, idx, line_no = at + starts[rec], pos[1] + np.arange(rec.size), pos[0] + rec + 1
-                pos[0] += ends.size
-                pos[1] += rec.size
-            while targets and offs.size and targets[0] <= offs[-1]:
-                j = int(np.searchsorted(offs, targets.pop(0)))
-                out.append((int(offs[j]), int(idx[j]), int(line_no[j])))
-            at += len(block)
-            if not chunk:
-                break
-    end = (size, pos[1], pos[0] + 1)
-    return out + [end] * (len(targets) + 1)
+            fh.seek(target - 1)  # the byte before the target says whether a line starts there
+            at, carry, block = target - 1, b"", 256  # carry: a CR last read (is an LF next?)
+            while True:
+                new = fh.read(block)
+                read, block = read + len(new), min(block * 2, CUT_READ)
+                data = carry + new
+                end = len(data) - 1 if new and data.endswith(b"\r") else len(data)
+                m = _LINE_START.search(data, 0, end)
+                if m or not new:
+                    cuts.append(at + m.end() if m else size)
+                    break
+                at, carry = at + end, data[end:]
+        return cuts + [size], read
+
+
+CUT_READ = 1 << 16  # split_points' largest read: what it reads past a line end is less than this
+_LINE_START = re.compile(rb"\n|\r(?!\n)")  # the line end before a line start
 
 
 class SourceChanged(RuntimeError):
@@ -190,13 +159,50 @@ class _Bounded:
 
     def __init__(self, fh, left: int, tally: dict, url: str):
         self.fh, self.left, self.tally, self.url = fh, left, tally, url
+        self.read_so_far = 0
         tally.setdefault(url, 0)
 
     def read(self, size: int = -1) -> bytes:
         data = self.fh.read(self.left if size < 0 else min(size, self.left)) if self.left > 0 else b""
         self.left -= len(data)
+        self.read_so_far += len(data)
         self.tally[self.url] += len(data)
         return data
+
+
+class Where(str):
+    """Where a record of a file read by byte range is ("file:byte N"), carrying N as `offset`: the byte offset
+    of its line, the record's identity there (sources.ByteRange)."""
+
+    offset: int
+
+
+def _offset_lines(ranged: _Bounded, start: int, keep, url: str, pos: list[int]) -> Iterator[tuple[Where | None, object]]:
+    """(location, raw line) per record of a byte range starting at a line start, or (None, 1) for one whose
+    offset `keep` rejects; blank lines are no record. pos[0]: the offset of the line being read (errors)."""
+    at = start
+    for raw in _lines(ranged):
+        pos[0] = line_at = at
+        huge = isinstance(raw, HugeLine)
+        if huge:
+            if line_at == 0:
+                raw.strip_bom()
+            record = not raw.blank()
+        else:
+            at += len(raw)
+            if line_at == 0 and raw.startswith(BOM):
+                raw = raw[len(BOM) :]
+            record = raw and not raw.isspace()
+        if record:
+            if keep is not None and not keep(line_at):
+                yield None, 1
+            else:
+                where = Where(f"{url}:byte {line_at}")
+                where.offset = line_at
+                yield where, raw
+        if huge:  # its consumer has read what it needed: the next line starts where its end is
+            rest = raw.finish()
+            at = start + ranged.read_so_far - len(rest)
 
 
 def _byte_range(fh, url: str, part, tally: dict) -> _Bounded:
@@ -216,13 +222,13 @@ def _jsonl(url: str, text_field: str, keep=None, stride=None, part=None, tally=N
     """`keep(record index)` false: the record is not parsed ((None, k) stands for k such records in a row).
     stride (shard, n): `keep` accepts only indices i with i % n == shard (an uncompressed file is then
     scanned by blocks, see _strided_lines). part (sources.ByteRange): read only those bytes of an
-    uncompressed file, numbering records and lines from where the range starts; `tally` counts the bytes."""
-    pos = [0, 0] if part is None else [part.first_line - 1, part.first_record]
+    uncompressed file, `keep` then taking each record's byte offset (its location a Where); `tally` counts the bytes."""
+    pos = [0, 0]
     try:
         with opener._open_binary(url) as fh:
             if part is not None:
                 ranged = _byte_range(fh, url, part, tally if tally is not None else {})
-                lines = _each_line(_lines(ranged), keep, pos, pos[0])
+                lines = _offset_lines(ranged, part.start, keep, url, pos)
             elif (
                 stride is not None
                 and stride[1] >= limits.STRIDE_MIN
@@ -237,14 +243,14 @@ def _jsonl(url: str, text_field: str, keep=None, stride=None, part=None, tally=N
                 if lineno is None:
                     yield None, raw
                     continue
-                where = f"{url}:{lineno}"
+                where, first = (lineno, lineno.offset == 0) if isinstance(lineno, Where) else (f"{url}:{lineno}", lineno == 1)
                 if isinstance(raw, HugeLine):
                     yield where, _huge_json(raw, text_field, where)
                     continue
                 try:
                     record = loads_json(raw)  # validates UTF-8 too
                 except orjson.JSONDecodeError as exc:
-                    if lineno == 1 and raw.strip() == b"[":  # a pretty-printed array
+                    if first and raw.strip() == b"[":  # a pretty-printed array
                         raise _json_array(url) from None
                     try:
                         raw.decode("utf-8")
@@ -253,7 +259,7 @@ def _jsonl(url: str, text_field: str, keep=None, stride=None, part=None, tally=N
                         continue
                     yield where, BadRecord("bad_json", where, f"not valid JSON ({exc.msg})")
                     continue
-                if lineno == 1 and isinstance(record, list) and any(isinstance(x, dict) and text_field in x for x in record[:8]):
+                if first and isinstance(record, list) and any(isinstance(x, dict) and text_field in x for x in record[:8]):
                     raise _json_array(url)
                 if not isinstance(record, dict) or text_field not in record:
                     yield where, BadRecord("missing_field", where, f"no '{text_field}' field")
@@ -262,4 +268,4 @@ def _jsonl(url: str, text_field: str, keep=None, stride=None, part=None, tally=N
     except Exception as exc:
         if isinstance(exc, BadRecord) or not is_read_error(exc):
             raise
-        raise broken(url, exc, f"line {pos[0]}, {pos[1]} records") from exc
+        raise broken(url, exc, f"line {pos[0]}, {pos[1]} records" if part is None else f"byte {pos[0]}") from exc
