@@ -11,6 +11,7 @@ sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
 from llmpipe import backends, overrides, profiles, run_identity
 from llmpipe.config import ConfigError, validate
+from llmpipe.data.get_data import splits
 from llmpipe.data.mixture import is_mixture, paths as source_paths
 from llmpipe.data.pack_views import FORMAT_KEYS, PACKED, VIEW_KEYS
 from llmpipe.data.readers import HF_PREFIX
@@ -155,6 +156,17 @@ def source_count():
     return config["data"]["num_shards"] if many else len(made) + len(given) + len(rest)
 
 
+def cut_sources_only():
+    """Every source a local file get-data cuts into byte ranges (data.range_split_bytes): each shard reads only its
+    own range, so one job a shard still reads each byte once (and skips one job feeding worker processes)."""
+    try:
+        made, given = local_corpus()
+    except FileNotFoundError:
+        return False
+    remote = any(map(is_remote, source_paths(config["data"]["sources"])))
+    return not remote and not made and bool(given) and len(splits(config["data"], given, {})) == len(given)
+
+
 def corpus_files(wildcards):
     """Local corpus files (globs expanded, file:// URLs, local hf: folders' files), so editing one reruns
     get_data. URLs and Hub datasets are not listed (no network at parse time): get_data fingerprints
@@ -165,8 +177,12 @@ def corpus_files(wildcards):
 
 def corpus_stat(wildcards):
     """A digest of the user's local corpus files' size, mtime, ctime and inode (an edit that restores the
-    mtime still changes it: llmpipe.data.sources.stat_digest). Files this workflow writes are left out."""
-    return stat_digest(local_corpus()[1] + local_hf_files())
+    mtime still changes it: llmpipe.data.sources.stat_digest). Files this workflow writes are left out.
+    Where get-data cuts a file into byte ranges, a mark of how (records by byte offset, since 2026-11-30):
+    a sources.json cut before reruns get_data once."""
+    given = local_corpus()[1]
+    cut = " cut at line starts" if splits(config["data"], given, {}) else ""
+    return stat_digest(given + local_hf_files()) + cut
 
 
 @functools.cache
@@ -212,9 +228,10 @@ def tokenizer_inputs(wildcards):
 HUB_BASE = f"{RUN}/checkpoints/base"
 HUB_DATASETS = {d["name"]: f"{RUN}/data/hub/{d['name']}.parquet" for d in config["hub"]["datasets"]}
 # Tokenize jobs: fewer sources than shards (every shard reads every source) -> one job reading each source
-# once for all shards, its threads encoding; otherwise data.shards_per_job (null: at most 64 jobs).
+# once for all shards, its threads encoding, unless every source is cut into byte ranges; otherwise
+# data.shards_per_job (null: at most 64 jobs).
 SOURCE_COUNT = source_count()  # globs expanded once per parse
-SHARDS_PER_JOB = shards_per_job(config["data"], SOURCE_COUNT)
+SHARDS_PER_JOB = shards_per_job(config["data"], config["data"]["num_shards"] if cut_sources_only() else SOURCE_COUNT)
 TOKENIZE_JOBS = [f"{j:05d}" for j in range(tokenize_jobs(config["data"], per_job=SHARDS_PER_JOB))]
 _CORES = getattr(workflow.global_resources.get("_cores"), "value", None) or os.cpu_count() or 1
 TOKENIZE_THREADS = min(SHARDS_PER_JOB, _CORES) if len(TOKENIZE_JOBS) == 1 else 1

@@ -7,6 +7,7 @@ same ids and validation split for any shard count. A file changed after get_data
 import contextlib
 import hashlib
 import json
+import random
 import shutil
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from safetensors import safe_open
 
 from llmpipe import config as cfgmod
 from llmpipe.data.get_data import get_data, load_sources
-from llmpipe.data.readers import SourceChanged, opener
+from llmpipe.data.readers import BadSource, ReadStats, SourceChanged, documents, opener
 from llmpipe.data.sources import assign
 from llmpipe.data.tokenize import tokenize_job, tokenize_shard
 from llmpipe.data.tokenizer import copy_tokenizer
@@ -348,7 +349,7 @@ def test_split_points_read_a_line_a_cut(tmp_path, monkeypatch, ends):
     real = jsonl._LINE_START
     monkeypatch.setattr(jsonl, "_LINE_START", Watched())
     n = 64
-    cuts, read = split_points(str(path), n)
+    cuts, read, text = split_points(str(path), n)
     starts = line_starts(data)
     expect = [0]
     for k in range(1, n):
@@ -358,6 +359,7 @@ def test_split_points_read_a_line_a_cut(tmp_path, monkeypatch, ends):
     assert max(searched) <= jsonl.CUT_READ + 1  # never the whole long line at once
     past = [c - k * len(data) // n for k, c in enumerate(cuts[1:-1], 1) if c > cuts[k - 1] or k == 1]  # read to find each
     assert sum(past) <= read < sum(past) + len(past) * jsonl.CUT_READ  # the rest of a line a cut, no more
+    assert text  # it saw a record's bytes: no need to look for one
 
 
 def test_ranges_read_records_at_their_offsets(tmp_path):
@@ -383,7 +385,7 @@ def test_ranges_read_records_at_their_offsets(tmp_path):
         path.write_bytes(data)
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(limits, "HUGE_RECORD_BYTES", 2048)  # the long lines come as streams
-            cuts, _ = jsonl.split_points(str(path), rnd.randint(2, 9))
+            cuts, _, _ = jsonl.split_points(str(path), rnd.randint(2, 9))
             got = [
                 (w.offset, v if isinstance(v, str) else "".join(v.chunks()))
                 for a, b in zip(cuts, cuts[1:])
@@ -403,3 +405,106 @@ def test_a_sources_json_cut_by_record_index_is_refused_with_the_fix(tmp_path, co
     old = split_source(str(corpus / "big.jsonl"), [[0, 0, 1], [100, 3, 4], [200, 6, 8]], 200)
     with pytest.raises(ValueError, match=r"by index.*snakemake --forcerun get_data"):
         assign([old], 2, 0)
+
+
+def test_snakemake_gives_a_cut_file_a_job_a_shard(tmp_path, corpus, runs):
+    """Every source cut into byte ranges: the DAG makes a tokenize job per shard (each reads only its range, so
+    the file is still read once), and the documents are the in-process cut run's: same ids, split, tokens."""
+    work = tmp_path / "repo"
+    shutil.copytree(REPO, work, ignore=REPO_IGNORE, symlinks=True)
+    shutil.copyfile(corpus / "big.jsonl", work / "big.jsonl")
+    over = {
+        "run": "cut",
+        "data": {
+            "sources": ["big.jsonl"],
+            "num_shards": SHARDS,
+            "on_bad_record": "skip",
+            "range_split_bytes": SPLIT_AT,
+            "val_fraction": runs["ranges"]["cfg"]["data"]["val_fraction"],
+        },
+        "tokenizer": {"source": str(GPT2)},
+    }
+    (work / "cut.yaml").write_text(yaml.safe_dump(over))
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "results/cut/data/tokens/manifest.json", "--profile", "local", "--cores", "2"]
+        + ["--configfile", "cut.yaml"],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    tokens = work / "results/cut/data/tokens"
+    jobs = sorted(tokens.glob("job-*"))
+    assert [sorted(p.name for p in j.glob("shard-*.safetensors")) for j in jobs] == [
+        [f"shard-{s:05d}.safetensors"] for s in range(SHARDS)
+    ]
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for j in jobs:
+        for f in j.glob("shard-*.safetensors"):
+            (flat / f.name).symlink_to(f)
+    got = store(flat)["docs"]
+    assert got and got == {d: v for d, v in runs["ranges"]["docs"].items() if d >> 40 == 0}
+    reads = json.loads((tokens / "manifest.json").read_text())["source_reads"]
+    assert reads["bytes_read"] - reads["get_data_bytes"] == (work / "big.jsonl").stat().st_size  # the jobs: once
+
+
+def test_a_mixture_samples_a_cut_file_by_the_offsets_tokenize_uses(tmp_path):
+    """get-data's mixture plan hashes a cut file's documents by byte offset, as tokenize and verify do: the
+    group keeps its planned bytes exactly (hashed by record index, it kept 10.7 % less)."""
+    from llmpipe.data.verify_store import _shard_docs
+
+    rng = random.Random(0)
+    (tmp_path / "a.jsonl").write_bytes(
+        b"".join(json.dumps({"text": f"doc {i} " + "w" * rng.randint(20, 200)}).encode() + b"\n" for i in range(4000))
+    )
+    (tmp_path / "b.jsonl").write_bytes(b"".join(json.dumps({"text": f"s{i} " + "v" * 100}).encode() + b"\n" for i in range(300)))
+    groups = [{"path": str(tmp_path / f"{g}.jsonl"), "weight": 1, "name": g} for g in "ab"]
+    d = tiny_config(tmp_path, data={"sources": groups, "num_shards": 4, "range_split_bytes": SPLIT_AT})["data"]
+    made = get_data(d, tmp_path / "sources.json")
+    assert all("ranges" in e for e in made["sources"])
+    mix, sources = made["mixture"], load_sources(tmp_path / "sources.json")
+    kept = [0, 0]
+    for s in range(4):
+        for did, text in _shard_docs(d, sources, s, mix):
+            kept[did >> 40] += len(text.encode())
+    assert kept == [g["bytes_kept"] for g in mix["groups"]] and 0 < kept[0] < mix["groups"][0]["bytes"]
+
+
+@pytest.mark.parametrize("policy", ["fail", "skip"])
+def test_a_blank_file_is_not_cut_and_is_named_as_before(tmp_path, policy):
+    """A file of blank lines over the threshold: get-data finds no record near the cuts, looks for one, and
+    leaves it uncut, so its readers name it empty as for any file (before, each range gave 0 documents)."""
+    (tmp_path / "blank.jsonl").write_bytes(b"   \n" * 5000)
+    d = tiny_config(
+        tmp_path,
+        data={
+            "sources": [str(tmp_path / "blank.jsonl")],
+            "num_shards": 4,
+            "range_split_bytes": SPLIT_AT,
+            "on_bad_record": policy,
+        },
+    )["data"]
+    made = get_data(d, tmp_path / "sources.json")
+    assert "ranges" not in made["sources"][0]
+    assert 20000 <= made["scanned"][str(tmp_path / "blank.jsonl")] < 20000 + 3 * 512  # the whole file, and near its cuts
+    stats = ReadStats()
+    if policy == "fail":
+        with pytest.raises(BadSource, match="holds no records"):
+            list(documents(str(tmp_path / "blank.jsonl"), d, stats))
+    else:
+        assert list(documents(str(tmp_path / "blank.jsonl"), d, stats)) == []
+        assert "blank.jsonl" in str(stats.bad_sources["empty_source"])
+
+
+def test_a_cut_file_read_under_max_records_is_refused(tmp_path, corpus):
+    """max_records_per_source counts from a file's start: get-data cuts no file under it, and a sources.json
+    cut without it is refused rather than read whole."""
+    cfg = config(tmp_path, corpus, SPLIT_AT)
+    get_data(cfg["data"], tmp_path / "sources.json")
+    assert get_data({**cfg["data"], "max_records_per_source": 10}, tmp_path / "limited.json")["sources"][0].get("ranges") is None
+    plan = assign(load_sources(tmp_path / "sources.json"), SHARDS, 0)
+    keep, stride, part = plan.reading(0)
+    with pytest.raises(ValueError, match="max_records_per_source does not allow: run get-data again"):
+        list(documents(str(corpus / "big.jsonl"), {**cfg["data"], "max_records_per_source": 10}, ReadStats(), keep, stride, part))

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from llmpipe import config as cfgmod
 from llmpipe.data import mixture
-from llmpipe.data.readers import HF_PREFIX, JSONL_SUFFIXES, BadSource, _compression, source_format, split_points, unsupported
+from llmpipe.data.readers import HF_PREFIX, JSONL_SUFFIXES, BadSource, _compression, source_format, unsupported
+from llmpipe.data.readers.jsonl import has_record, split_points
 from llmpipe.data.sources import RECORD_BITS, describe, expand_sources, local_stat, refuse_repeats, split_source
 from llmpipe.io import write_json
 
@@ -106,7 +107,12 @@ def get_data(data_cfg: dict, out: str | Path, threads: int = 1) -> dict:
         if seen.get("stat") == stat and seen.get("ranges", {}).get("shards") == n:
             ranges = seen["ranges"]["at"]  # unchanged file, same shard count: the same cut
         else:  # reads from each target to the next line end: counted in the store's source_reads
-            ranges, scanned[entry["source"]] = split_points(entry["source"], n)
+            ranges, scanned[entry["source"]], text = split_points(entry["source"], n)
+            if not text:  # no record byte seen near the cuts: a blank file is not cut, its readers name it
+                text, more = has_record(entry["source"])
+                scanned[entry["source"]] += more
+                if not text:
+                    continue
             log.info("%s: %d bytes cut into %d byte ranges at line starts", entry["source"], entry["size"], n)
         mine = local[entry["source"]] = {"stat": stat}
         if ranges[-1] != entry["size"]:

@@ -52,7 +52,10 @@ def plan(data_cfg: dict, workers: int = 1) -> tuple[list[str], dict]:
         files = expand_sources([g["path"]])
         expanded += files
         group_of += [g_idx] * len(files)
-    counted = _count_all(data_cfg, expanded, workers)
+    from llmpipe.data.get_data import splits  # here: get_data imports this module
+
+    cut = set(splits(data_cfg, expanded, {}))  # their documents are identified (and sampled) by byte offset
+    counted = _count_all(data_cfg, expanded, workers, cut)
     for g_idx, g in enumerate(gs):
         mine = [c for c, of in zip(counted, group_of) if of == g_idx]
         g.update(documents=sum(c[2] for c in mine), bytes=sum(c[3] for c in mine))
@@ -85,10 +88,11 @@ def plan(data_cfg: dict, workers: int = 1) -> tuple[list[str], dict]:
     return expanded, {"groups": gs, "group_of_source": group_of, "seed": mix_seed}
 
 
-def _count_all(data_cfg: dict, files: list[str], workers: int) -> list[tuple]:
-    """_count of every file, in file order; `workers` > 1: that many processes at once (the first failing
-    file's error is raised, as one process reading them in turn would)."""
-    jobs = [(data_cfg, i, f) for i, f in enumerate(files)]
+def _count_all(data_cfg: dict, files: list[str], workers: int, cut: set = frozenset()) -> list[tuple]:
+    """_count of every file, in file order (`cut`: those get-data will cut into byte ranges); `workers` > 1:
+    that many processes at once (the first failing file's error is raised, as one process reading them in turn
+    would)."""
+    jobs = [(data_cfg, i, f, f in cut) for i, f in enumerate(files)]
     workers = min(workers, len(files))
     if workers < 2:
         return [_count(*job) for job in jobs]
@@ -110,15 +114,22 @@ def _worker_logging(level: int, fmt: str | None) -> None:
         logging.basicConfig(level=level, format=fmt)
 
 
-def _count(data_cfg: dict, source_index: int, source: str) -> tuple:
-    """(hash of each usable document, its UTF-8 bytes, documents, bytes) of one source."""
+def _count(data_cfg: dict, source_index: int, source: str, cut: bool = False) -> tuple:
+    """(hash of each usable document, its UTF-8 bytes, documents, bytes) of one source; `cut`: a file get-data
+    cuts into byte ranges, read as one range so each document's identity is its byte offset, as tokenize's."""
+    import os
+
     import numpy as np
 
     from llmpipe.data.readers import ReadStats, documents
+    from llmpipe.data.sources import ByteRange
 
     stats, hashes, sizes, seed = ReadStats(), [], [], data_cfg["split_seed"]
-    counted = 0
-    for r_idx, _ in documents(source, data_cfg, stats):  # documents() adds each one's UTF-8 bytes to stats
+    counted, part = 0, None
+    if cut:
+        size = os.path.getsize(source.removeprefix("file://"))
+        part = ByteRange(0, size, size)
+    for r_idx, _ in documents(source, data_cfg, stats, part=part):  # documents() adds each one's UTF-8 bytes to stats
         hashes.append(_hash(seed, source_index, r_idx))
         sizes.append(stats.bytes - counted)
         counted = stats.bytes

@@ -2,7 +2,8 @@
 
 Output: a safetensors file holding, per split, `<split>.tokens` (every document's ids, BOS first
 when the policy says so, EOS last), `<split>.offsets` (document boundaries) and `<split>.doc_ids`
-(source index << 40 | record index); metadata: tokenizer fingerprint, counts, read stats, sha256.
+(source index << 40 | record index, or line byte offset in a file cut into byte ranges); metadata:
+tokenizer fingerprint, counts, read stats, sha256.
 Memory stays flat: tokens go to temporary files as they are made.
 """
 

@@ -119,7 +119,11 @@ def documents(
     index)` is the record's shard's, `skip(BadSource)` counts a broken source in each shard).
     streamed: a record over HUGE_RECORD_BYTES comes as a StreamedText (read in bounded memory), else as a str.
     """
-    limit = None if part is not None else cfg["max_records_per_source"]  # get_data cuts no file under a limit
+    limit = cfg["max_records_per_source"]
+    if part is not None and limit is not None:  # a count from the file's start: get-data cuts no file under one
+        raise ValueError(
+            f"{source} was cut into byte ranges, which data.max_records_per_source does not allow: run get-data again"
+        )
     index = 0
     try:
         try:
