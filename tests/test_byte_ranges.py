@@ -448,6 +448,15 @@ def test_snakemake_gives_a_cut_file_a_job_a_shard(tmp_path, corpus, runs):
     assert got and got == {d: v for d, v in runs["ranges"]["docs"].items() if d >> 40 == 0}
     reads = json.loads((tokens / "manifest.json").read_text())["source_reads"]
     assert reads["bytes_read"] - reads["get_data_bytes"] == (work / "big.jsonl").stat().st_size  # the jobs: once
+    again = subprocess.run(  # the cut's mark in get_data's params is stable: nothing reruns
+        [sys.executable, "-m", "snakemake", "-n", "results/cut/data/tokens/manifest.json", "--profile", "local"]
+        + ["--configfile", "cut.yaml"],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr, again.stdout[-2000:]
 
 
 def test_a_mixture_samples_a_cut_file_by_the_offsets_tokenize_uses(tmp_path):
