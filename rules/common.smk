@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
 from llmpipe import backends, overrides, profiles, run_identity
 from llmpipe.config import ConfigError, validate
-from llmpipe.data.get_data import splits
+from llmpipe.data.cuts import cut_files
 from llmpipe.data.mixture import is_mixture, paths as source_paths
 from llmpipe.data.pack_views import FORMAT_KEYS, PACKED, VIEW_KEYS
 from llmpipe.data.readers import HF_PREFIX
@@ -156,15 +156,25 @@ def source_count():
     return config["data"]["num_shards"] if many else len(made) + len(given) + len(rest)
 
 
-def cut_sources_only():
-    """Every source a local file get-data cuts into byte ranges (data.range_split_bytes): each shard reads only its
-    own range, so one job a shard still reads each byte once (and skips one job feeding worker processes)."""
+@functools.cache
+def cut_corpus():
+    """(local corpus files get-data cuts into byte ranges (data.range_split_bytes), every source is one): as
+    get-data decides (cuts.cut_files; fewer sources than shards, counted as source_count does)."""
     try:
         made, given = local_corpus()
     except FileNotFoundError:
-        return False
+        return [], False
+    if source_count() >= config["data"]["num_shards"]:
+        return [], False
+    cut = cut_files(config["data"], given, {})
     remote = any(map(is_remote, source_paths(config["data"]["sources"])))
-    return not remote and not made and bool(given) and len(splits(config["data"], given, {})) == len(given)
+    return cut, bool(cut) and not remote and not made and len(cut) == len(given)
+
+
+def cut_sources_only():
+    """Every source is a file get-data cuts: each shard reads only its own range, so a job a shard still reads
+    each byte once (and skips one job feeding worker processes)."""
+    return cut_corpus()[1]
 
 
 def corpus_files(wildcards):
@@ -180,9 +190,8 @@ def corpus_stat(wildcards):
     mtime still changes it: llmpipe.data.sources.stat_digest). Files this workflow writes are left out.
     Where get-data cuts a file into byte ranges, a mark of how (records by byte offset, since 2026-11-30):
     a sources.json cut before reruns get_data once."""
-    given = local_corpus()[1]
-    cut = " cut at line starts" if splits(config["data"], given, {}) else ""
-    return stat_digest(given + local_hf_files()) + cut
+    cut = " cut at line starts" if cut_corpus()[0] else ""
+    return stat_digest(local_corpus()[1] + local_hf_files()) + cut
 
 
 @functools.cache

@@ -8,6 +8,7 @@ import contextlib
 import hashlib
 import json
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -304,7 +305,7 @@ def test_snakemake_store_with_ranges_holds_what_the_modulo_run_holds(tmp_path, c
         big, small = ((work / f).stat().st_size for f in ("big.jsonl", "small.jsonl"))
         reads = manifest["source_reads"]  # get-data's reads to find the cuts are counted: about a line a cut
         longest = max(map(len, (work / "big.jsonl").read_bytes().splitlines()))
-        assert (0 < reads["get_data_bytes"] <= (SHARDS - 1) * 2 * (longest + 256)) == (split_at is not None)
+        assert (0 < reads["get_data_bytes"] <= 256 + (SHARDS - 1) * 2 * (longest + 256)) == (split_at is not None)
         assert reads["bytes_read"] == reads["source_bytes"] + reads["get_data_bytes"] == big + small + reads["get_data_bytes"]
         if split_at is not None:
             assert manifest["read"]["bytes_read"] == {"big.jsonl": big}  # the ranges tile the file
@@ -349,7 +350,7 @@ def test_split_points_read_a_line_a_cut(tmp_path, monkeypatch, ends):
     real = jsonl._LINE_START
     monkeypatch.setattr(jsonl, "_LINE_START", Watched())
     n = 64
-    cuts, read, text = split_points(str(path), n)
+    cuts, read = split_points(str(path), n)
     starts = line_starts(data)
     expect = [0]
     for k in range(1, n):
@@ -359,7 +360,6 @@ def test_split_points_read_a_line_a_cut(tmp_path, monkeypatch, ends):
     assert max(searched) <= jsonl.CUT_READ + 1  # never the whole long line at once
     past = [c - k * len(data) // n for k, c in enumerate(cuts[1:-1], 1) if c > cuts[k - 1] or k == 1]  # read to find each
     assert sum(past) <= read < sum(past) + len(past) * jsonl.CUT_READ  # the rest of a line a cut, no more
-    assert text  # it saw a record's bytes: no need to look for one
 
 
 def test_ranges_read_records_at_their_offsets(tmp_path):
@@ -385,7 +385,7 @@ def test_ranges_read_records_at_their_offsets(tmp_path):
         path.write_bytes(data)
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(limits, "HUGE_RECORD_BYTES", 2048)  # the long lines come as streams
-            cuts, _, _ = jsonl.split_points(str(path), rnd.randint(2, 9))
+            cuts, _ = jsonl.split_points(str(path), rnd.randint(2, 9))
             got = [
                 (w.offset, v if isinstance(v, str) else "".join(v.chunks()))
                 for a, b in zip(cuts, cuts[1:])
@@ -517,3 +517,64 @@ def test_a_cut_file_read_under_max_records_is_refused(tmp_path, corpus):
     keep, stride, part = plan.reading(0)
     with pytest.raises(ValueError, match="max_records_per_source does not allow: run get-data again"):
         list(documents(str(corpus / "big.jsonl"), {**cfg["data"], "max_records_per_source": 10}, ReadStats(), keep, stride, part))
+
+
+def test_a_trained_tokenizer_leaves_out_the_cut_files_validation_documents(runs):
+    """tokenizer.source: train reads a cut file as one range, so it leaves out the store's validation
+    documents (offset ids), not another sample's (record indices: 22 of 23 val documents were trained on)."""
+    from tokenizers import Tokenizer
+
+    from llmpipe.data.tokenizer import _train_texts
+
+    r = runs["ranges"]
+    texts = list(_train_texts(r["cfg"]["data"], load_sources(r["root"] / "sources.json"), 10**9))
+    tok = Tokenizer.from_file(str(GPT2 / "tokenizer.json"))
+    trained = sorted(tuple(e.ids) for e in tok.encode_batch(texts, add_special_tokens=False))
+    stored = sorted(tuple(ids[:-1]) for split, ids in r["docs"].values() if split == "train")  # less the EOS
+    assert len(stored) < len(r["docs"]) and trained == stored
+
+
+@pytest.mark.parametrize(
+    ("sources", "jobs"), [(["big.jsonl"], SHARDS), (["big.jsonl", "blank.jsonl"], 1), (["big.jsonl", "small.jsonl"], 1)]
+)
+def test_the_dag_gives_a_job_a_shard_only_when_get_data_cuts_every_source(tmp_path, corpus, sources, jobs):
+    """A blank file is not cut (cuts.cut_files): with it, one job reads it once for all shards, not a job a
+    shard each reading it whole."""
+    work = tmp_path / "repo"
+    shutil.copytree(REPO, work, ignore=REPO_IGNORE, symlinks=True)
+    for name in ("big.jsonl", "small.jsonl"):
+        shutil.copyfile(corpus / name, work / name)
+    (work / "blank.jsonl").write_bytes(b"   \n" * 5000)
+    data = {"sources": sources, "num_shards": SHARDS, "on_bad_record": "skip", "range_split_bytes": SPLIT_AT}
+    (work / "x.yaml").write_text(yaml.safe_dump({"run": "x", "data": data, "tokenizer": {"source": str(GPT2)}}))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "-n",
+            "results/x/data/tokens/manifest.json",
+            "--profile",
+            "local",
+            "--configfile",
+            "x.yaml",
+        ],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert re.search(rf"^tokenize\s+{jobs}$", proc.stdout, re.M), proc.stdout[-2000:]
+
+
+def test_a_blank_file_in_a_mixture_is_named_by_get_data(tmp_path):
+    """A mixture's count reads a cut file as one range; a blank file is not cut, so get-data still names it."""
+    (tmp_path / "blank.jsonl").write_bytes(b"   \n" * 5000)
+    (tmp_path / "a.jsonl").write_bytes(b"".join(json.dumps({"text": d}).encode() + b"\n" for d in corpus_docs(20)))
+    groups = [{"path": str(tmp_path / f"{g}.jsonl"), "weight": 1, "name": g} for g in ("a", "blank")]
+    d = tiny_config(tmp_path, data={"sources": groups, "num_shards": 4, "range_split_bytes": SPLIT_AT, "on_bad_record": "fail"})[
+        "data"
+    ]
+    with pytest.raises(BadSource, match="blank.jsonl: holds no records"):
+        get_data(d, tmp_path / "sources.json")

@@ -21,9 +21,9 @@ from pathlib import Path
 
 from llmpipe import config as cfgmod
 from llmpipe.data import mixture
-from llmpipe.data.readers import HF_PREFIX, JSONL_SUFFIXES, BadSource, _compression, source_format, unsupported
-from llmpipe.data.readers.jsonl import has_record, split_points
-from llmpipe.data.sources import RECORD_BITS, describe, expand_sources, local_stat, refuse_repeats, split_source
+from llmpipe.data.cuts import has_record, split_points, splits
+from llmpipe.data.readers import HF_PREFIX, BadSource, source_format, unsupported
+from llmpipe.data.sources import describe, expand_sources, local_stat, refuse_repeats, split_source
 from llmpipe.io import write_json
 
 log = logging.getLogger(__name__)
@@ -57,24 +57,6 @@ def check_sources(sources: list[str], policy: str) -> dict[str, str]:
     return bad
 
 
-def splits(data_cfg: dict, sources: list[str], bad: dict) -> list[str]:
-    """The sources to cut into byte ranges: local plain JSONL files of at least data.range_split_bytes (and
-    under 2**RECORD_BITS bytes: offsets are document ids), when there are fewer sources than shards (record-level
-    deal) and no data.max_records_per_source (a count of records from the file's start). Smaller files keep
-    the record index modulo num_shards deal, so their stores stay as they were (docs/data.md, Sharding)."""
-    least, n = data_cfg.get("range_split_bytes"), data_cfg["num_shards"]
-    if least is None or len(sources) >= n or n < 2 or data_cfg.get("max_records_per_source") is not None:
-        return []
-    out = []
-    for s in sources:
-        if s in bad or s.startswith(HF_PREFIX) or "://" in s and not s.startswith("file://") or _compression(s):
-            continue
-        path = s.removeprefix("file://")
-        if s.lower().endswith(JSONL_SUFFIXES) and os.path.isfile(path) and least <= os.path.getsize(path) < 1 << RECORD_BITS:
-            out.append(s)
-    return out
-
-
 def get_data(data_cfg: dict, out: str | Path, threads: int = 1) -> dict:
     """sources.json for data.sources; `threads`: processes counting a mixture's files at once."""
     Path(out).unlink(missing_ok=True)  # a run that fails leaves no earlier sources.json looking current
@@ -106,13 +88,12 @@ def get_data(data_cfg: dict, out: str | Path, threads: int = 1) -> dict:
         seen, stat = known.get(entry["source"], {}), local_stat(entry["source"])
         if seen.get("stat") == stat and seen.get("ranges", {}).get("shards") == n:
             ranges = seen["ranges"]["at"]  # unchanged file, same shard count: the same cut
-        else:  # reads from each target to the next line end: counted in the store's source_reads
-            ranges, scanned[entry["source"]], text = split_points(entry["source"], n)
-            if not text:  # no record byte seen near the cuts: a blank file is not cut, its readers name it
-                text, more = has_record(entry["source"])
-                scanned[entry["source"]] += more
-                if not text:
-                    continue
+        else:  # reads up to the first record byte, then from each target to the next line end: counted
+            text, scanned[entry["source"]] = has_record(entry["source"])
+            if not text:  # a blank file is not cut: its readers name it (empty_source)
+                continue
+            ranges, more = split_points(entry["source"], n)
+            scanned[entry["source"]] += more
             log.info("%s: %d bytes cut into %d byte ranges at line starts", entry["source"], entry["size"], n)
         mine = local[entry["source"]] = {"stat": stat}
         if ranges[-1] != entry["size"]:

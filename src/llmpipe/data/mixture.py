@@ -52,9 +52,9 @@ def plan(data_cfg: dict, workers: int = 1) -> tuple[list[str], dict]:
         files = expand_sources([g["path"]])
         expanded += files
         group_of += [g_idx] * len(files)
-    from llmpipe.data.get_data import splits  # here: get_data imports this module
+    from llmpipe.data.cuts import cut_files
 
-    cut = set(splits(data_cfg, expanded, {}))  # their documents are identified (and sampled) by byte offset
+    cut = set(cut_files(data_cfg, expanded, {}))  # their documents are identified (and sampled) by byte offset
     counted = _count_all(data_cfg, expanded, workers, cut)
     for g_idx, g in enumerate(gs):
         mine = [c for c, of in zip(counted, group_of) if of == g_idx]

@@ -130,13 +130,15 @@ def copy_tokenizer_files(src: str | Path, out_dir: str | Path) -> None:
 
 def _train_texts(data_cfg: dict, sources: list[str], limit: int) -> Iterator[str]:
     from llmpipe.data.readers import ReadStats, documents
-    from llmpipe.data.sources import is_validation
+    from llmpipe.data.sources import ByteRange, is_validation
 
     stats = ReadStats()
 
     def gen():
         for s_idx, source in enumerate(sources):
-            for r_idx, text in documents(source, data_cfg, stats):
+            # a file cut into byte ranges: read as one range, so its documents' identity is the store's (offsets)
+            part = ByteRange(0, source.size, source.size) if getattr(source, "ranges", None) else None
+            for r_idx, text in documents(source, data_cfg, stats, part=part):
                 if not is_validation(s_idx, r_idx, data_cfg["val_fraction"], data_cfg["split_seed"]):
                     yield text
 

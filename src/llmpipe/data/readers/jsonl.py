@@ -117,15 +117,15 @@ def _strided_lines(fh, keep, stride: tuple[int, int], pos: list[int]):
             return
 
 
-def split_points(url: str, n: int) -> tuple[list[int], int, bool]:
+def split_points(url: str, n: int) -> tuple[list[int], int]:
     """Where to cut a plain (uncompressed) JSONL file into `n` byte ranges of about equal size: the first line
     start at or after each k * size / n (a line starts at 0, after an LF, or after a CR that no LF follows),
     then the size; the bytes read to find them: from each target to the next line end, in reads growing
     from 256 bytes to CUT_READ (the rest of a line a cut, however many cuts; none for a target the last cut's
-    line already passed); and whether those bytes held a record's byte (else see has_record)."""
+    line already passed)."""
     with opener._open_binary(url) as fh:
         size = fh.seek(0, 2)
-        cuts, read, text = [0], 0, False
+        cuts, read = [0], 0
         for k in range(1, n):
             target = k * size // n
             if target <= cuts[-1]:  # inside the line the last cut skipped, or at it
@@ -137,31 +137,35 @@ def split_points(url: str, n: int) -> tuple[list[int], int, bool]:
                 new = fh.read(block)
                 read, block = read + len(new), min(block * 2, CUT_READ)
                 data = carry + new
-                text = text or bool(_TEXT.search(data))
                 end = len(data) - 1 if new and data.endswith(b"\r") else len(data)
                 m = _LINE_START.search(data, 0, end)
                 if m or not new:
                     cuts.append(at + m.end() if m else size)
                     break
                 at, carry = at + end, data[end:]
-        return cuts + [size], read, text
+        return cuts + [size], read
 
 
 def has_record(url: str) -> tuple[bool, int]:
-    """(the file holds a line that is not blank, the bytes read to find out: up to its first such byte)."""
-    read = 0
-    with opener._open_binary(url) as fh:
-        while data := fh.read(limits.LINE_CHUNK):
-            found = _TEXT.search(data, len(BOM) if read == 0 and data.startswith(BOM) else 0)
-            read += len(data)
-            if found:
-                return True, read
+    """(the file holds a line that is not blank, the bytes read to find out: up to its first such byte, in
+    reads growing from 256 bytes to CUT_READ)."""
+    read, block = 0, 256
+    try:
+        with opener._open_binary(url) as fh:
+            while data := fh.read(block):
+                found = _TEXT.search(data, len(BOM) if read == 0 and data.startswith(BOM) else 0)
+                read, block = read + len(data), min(block * 2, CUT_READ)
+                if found:
+                    return True, read
+    except OSError:  # unreadable: not cut (its readers name it)
+        pass
     return False, read
 
 
 CUT_READ = 1 << 16  # split_points' largest read: what it reads past a line end is less than this
 _LINE_START = re.compile(rb"\n|\r(?!\n)")  # the line end before a line start
-_TEXT = re.compile(rb"[^ \t\n\r\x0b\x0c\xef\xbb\xbf]")  # a byte of a line not blank (BOM bytes: not sure)
+# a byte of a line that is not blank; a BOM's bytes count as blank (a file of them is left uncut: always safe)
+_TEXT = re.compile(rb"[^ \t\n\r\x0b\x0c\xef\xbb\xbf]")
 
 
 class SourceChanged(RuntimeError):
