@@ -12,6 +12,8 @@ both sides of a ratio alike), each into a fresh run folder. Printed per variant:
 jobs, the store's source_reads (bytes read / source size), and its wall over the first shard count's in
 the same round (median and every round's).
 Target (H3): 16 shards within 1.15x the time of 2 shards, bytes read = the source size (ratio 1.0).
+--one-job adds each shard count in one job (data.shards_per_job = shards): for a plain JSONL file cut into
+byte ranges, whose default is a job a shard.
 """
 
 from __future__ import annotations
@@ -59,8 +61,11 @@ def main() -> None:
     p.add_argument("--shards", type=int, nargs="+", default=[2, 16])
     p.add_argument("--repeat", type=int, default=3, help="rounds (each variant once a round)")
     p.add_argument("--no-baseline", action="store_true")
+    p.add_argument("--one-job", action="store_true", help="also all shards in one job (a file cut into byte ranges)")
     args = p.parse_args()
     variants = [("one read per job (default)", n, None) for n in args.shards]
+    if args.one_job:  # a cut file's default is a job a shard; this is the grouping before (worker processes)
+        variants += [("one job, worker processes", n, n) for n in args.shards]
     if not args.no_baseline:
         variants.append(("baseline: one job per shard", max(args.shards), 1))
     runs: list[list[dict]] = [[] for _ in variants]

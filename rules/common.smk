@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
 from llmpipe import backends, overrides, profiles, run_identity
 from llmpipe.config import ConfigError, validate
-from llmpipe.data.cuts import cut_files
+from llmpipe.data.cuts import cut_files, splits
 from llmpipe.data.mixture import is_mixture, paths as source_paths
 from llmpipe.data.pack_views import FORMAT_KEYS, PACKED, VIEW_KEYS
 from llmpipe.data.readers import HF_PREFIX
@@ -188,10 +188,12 @@ def corpus_files(wildcards):
 def corpus_stat(wildcards):
     """A digest of the user's local corpus files' size, mtime, ctime and inode (an edit that restores the
     mtime still changes it: llmpipe.data.sources.stat_digest). Files this workflow writes are left out.
-    Where get-data cuts a file into byte ranges, a mark of how (records by byte offset, since 2026-11-30):
-    a sources.json cut before reruns get_data once."""
-    cut = " cut at line starts" if cut_corpus()[0] else ""
-    return stat_digest(local_corpus()[1] + local_hf_files()) + cut
+    Where get-data cut a file into byte ranges before 2026-11-30 (by size alone, a limit or blank lines aside), a
+    mark: such a sources.json (records numbered by index) reruns get_data once, and then stays as it is."""
+    given = local_corpus()[1]
+    n = config["data"]["num_shards"]
+    old = source_count() < n and splits({**config["data"], "max_records_per_source": None}, given, {})
+    return stat_digest(given + local_hf_files()) + (" cut at line starts" if old else "")
 
 
 @functools.cache

@@ -439,12 +439,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--sample", type=int, default=64, help="documents per shard re-tokenized with the HF tokenizer")
     args = p.parse_args(argv)
-    verify(
-        args.store,
-        [Path(v) for v in args.views],
-        Path(args.tokenizer),
-        Path(args.sources),
-        cfgmod.load(args.config)["data"],
-        Path(args.out),
-        args.sample,
-    )
+    try:
+        verify(
+            args.store,
+            [Path(v) for v in args.views],
+            Path(args.tokenizer),
+            Path(args.sources),
+            cfgmod.load(args.config)["data"],
+            Path(args.out),
+            args.sample,
+        )
+    except ValueError as exc:  # a sources.json of another config or an older llmpipe: one line, as tokenize
+        raise SystemExit(f"llmpipe verify: error: {exc}") from None
