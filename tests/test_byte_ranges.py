@@ -384,7 +384,8 @@ def test_ranges_read_records_at_their_offsets(tmp_path):
         data = (b"\xef\xbb\xbf" if trial % 5 == 0 else b"") + b"".join(lines)
         path.write_bytes(data)
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(limits, "HUGE_RECORD_BYTES", 2048)  # the long lines come as streams
+            mp.setattr(limits, "HUGE_RECORD_BYTES", 2048)  # the long lines come as streams (HugeLine) ...
+            mp.setattr(limits, "LINE_CHUNK", 512)  # ... read 512 bytes at a time, so a line outgrows its chunk
             cuts, _ = jsonl.split_points(str(path), rnd.randint(2, 9))
             got = [
                 (w.offset, v if isinstance(v, str) else "".join(v.chunks()))

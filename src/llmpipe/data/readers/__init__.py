@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 from llmpipe.data.readers.hf import _hf
 from llmpipe.data.readers.huge import StreamedText
-from llmpipe.data.readers.jsonl import SourceChanged, _jsonl, split_points
+from llmpipe.data.readers.jsonl import SourceChanged, Where, _jsonl
 from llmpipe.data.readers.opener import SOURCE_BYTES, SOURCE_HASHES, _base_name, _compression
 from llmpipe.data.readers.parquet import _parquet
 from llmpipe.data.readers.stats import BadRecord, BadSource, ReadStats, broken, is_read_error
@@ -65,7 +65,7 @@ def locate(source: str, cfg: dict, record_index: int) -> str | None:
     """Where record `record_index` of `source` is (`file:line` for JSONL), by reading it again (error paths only);
     in a file cut into byte ranges the index is the line's byte offset (`file:byte N`)."""
     if getattr(source, "ranges", None):
-        return f"{source}:byte {record_index}"
+        return Where.at(source, record_index)
     index = 0
     for where, value in records(source, cfg):
         if where is None:  # records passed over unread
@@ -189,5 +189,4 @@ __all__ = [  # what other modules use; the rest is in the kind's module
     "iter_documents",
     "locate",
     "records",
-    "split_points",
 ]

@@ -177,13 +177,11 @@ class _Bounded:
 
     def __init__(self, fh, left: int, tally: dict, url: str):
         self.fh, self.left, self.tally, self.url = fh, left, tally, url
-        self.read_so_far = 0
         tally.setdefault(url, 0)
 
     def read(self, size: int = -1) -> bytes:
         data = self.fh.read(self.left if size < 0 else min(size, self.left)) if self.left > 0 else b""
         self.left -= len(data)
-        self.read_so_far += len(data)
         self.tally[self.url] += len(data)
         return data
 
@@ -194,11 +192,18 @@ class Where(str):
 
     offset: int
 
+    @classmethod
+    def at(cls, url: str, offset: int) -> Where:
+        where = cls(f"{url}:byte {offset}")
+        where.offset = offset
+        return where
 
-def _offset_lines(ranged: _Bounded, start: int, keep, url: str, pos: list[int]) -> Iterator[tuple[Where | None, object]]:
-    """(location, raw line) per record of a byte range starting at a line start, or (None, 1) for one whose
-    offset `keep` rejects; blank lines are no record. pos[0]: the offset of the line being read (errors)."""
-    at = start
+
+def _offset_lines(ranged: _Bounded, part, keep, url: str, pos: list[int]) -> Iterator[tuple[Where | None, object]]:
+    """(location, raw line) per record of byte range `part` (sources.ByteRange, starting at a line start) read
+    through `ranged`, or (None, 1) for one whose offset `keep` rejects; blank lines are no record. pos[0]: the
+    offset of the line being read (errors)."""
+    at = part.start
     for raw in _lines(ranged):
         pos[0] = line_at = at
         huge = isinstance(raw, HugeLine)
@@ -215,12 +220,10 @@ def _offset_lines(ranged: _Bounded, start: int, keep, url: str, pos: list[int]) 
             if keep is not None and not keep(line_at):
                 yield None, 1
             else:
-                where = Where(f"{url}:byte {line_at}")
-                where.offset = line_at
-                yield where, raw
+                yield Where.at(url, line_at), raw
         if huge:  # its consumer has read what it needed: the next line starts where its end is
             rest = raw.finish()
-            at = start + ranged.read_so_far - len(rest)
+            at = part.end - ranged.left - len(rest)
 
 
 def _byte_range(fh, url: str, part, tally: dict) -> _Bounded:
@@ -246,7 +249,7 @@ def _jsonl(url: str, text_field: str, keep=None, stride=None, part=None, tally=N
         with opener._open_binary(url) as fh:
             if part is not None:
                 ranged = _byte_range(fh, url, part, tally if tally is not None else {})
-                lines = _offset_lines(ranged, part.start, keep, url, pos)
+                lines = _offset_lines(ranged, part, keep, url, pos)
             elif (
                 stride is not None
                 and stride[1] >= limits.STRIDE_MIN
