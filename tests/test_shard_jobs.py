@@ -141,10 +141,12 @@ def test_a_rerun_drops_the_old_completion_mark_and_what_killed_runs_left(tmp_pat
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
-def test_workers_die_with_a_killed_job(tmp_path):
+@pytest.mark.parametrize("pool", [False, True])
+def test_workers_die_with_a_killed_job(tmp_path, pool):
     """A tokenize job's workers (spawned processes) went on writing and renaming shards into its folder after
     the job was killed with SIGKILL (`daemon` covers only a normal exit). The workers are stopped (SIGSTOP)
-    once ready, before the kill, so only the kernel's signal on the job's death can end them, however fast the machine."""
+    once ready, before the kill, so only the kernel's signal on the job's death can end them, however fast the machine.
+    `pool`: a source a shard, so each worker reads its own shard (shard_pool) instead of one reader feeding them."""
     import os
     import signal
     import time
@@ -153,6 +155,11 @@ def test_workers_die_with_a_killed_job(tmp_path):
 
     big = " ".join(corpus_docs(400)) * 8  # ~12 MB a document: a worker that got past the stop is still encoding
     cfg, tok = job_setup(tmp_path, [big] * 6)
+    if pool:
+        from llmpipe.data.get_data import get_data
+
+        cfg["data"]["sources"] = [str(write_jsonl(tmp_path / f"c{i}.jsonl", [big] * 2)) for i in range(3)]
+        get_data(cfg["data"], tmp_path / "sources.json")
     (tmp_path / "cfg.json").write_text(json.dumps(cfg))
     cmd = [sys.executable, "-m", "llmpipe", "tokenize", "--config", str(tmp_path / "cfg.json")]
     cmd += ["--sources", str(tmp_path / "sources.json"), "--job", "0", "--shards-per-job", "3", "--tokenizer", str(tok)]

@@ -89,15 +89,17 @@ def write(cfg: dict, sources: list[str], outs: dict[int, Path], tokenizer_dir, t
 MAX_AUTO_JOBS = 64  # data.shards_per_job null, sources at least as many as shards: at most this many jobs
 
 
-def shards_per_job(d: dict, n_sources: int | None = None) -> int:
+def shards_per_job(d: dict, n_sources: int | None = None, threads: int = 1) -> int:
     """Shards one tokenize job writes: data.shards_per_job; null: all of them when there are fewer sources
     than shards (every shard reads every source: one job reads each once), else enough for at most
-    MAX_AUTO_JOBS jobs. n_sources None: as many as shards (the DAG passes the count it saw)."""
+    MAX_AUTO_JOBS jobs and at least `threads` (a job's processes, each writing whole shards: a job of fewer
+    would leave threads it was given idle). n_sources None: as many as shards (the DAG passes the count it
+    saw, and num_shards for a corpus get-data cuts into byte ranges)."""
     if d.get("shards_per_job"):
         return d["shards_per_job"]
     if n_sources is not None and n_sources < d["num_shards"]:
         return d["num_shards"]
-    return -(-d["num_shards"] // MAX_AUTO_JOBS)
+    return min(max(-(-d["num_shards"] // MAX_AUTO_JOBS), threads), d["num_shards"])
 
 
 def job_shards(d: dict, job: int, per_job: int | None = None) -> range:
@@ -118,13 +120,15 @@ def tokenize_job(
     cfg: dict, sources_json: str, job: int, tokenizer_dir: str, out_dir: str | Path, threads: int = 1, per_job: int | None = None
 ) -> list[Path]:
     """Write the shards of tokenize job `job` into out_dir from one read of the sources, encoded by `threads`
-    worker processes (job_reader). Each shard is its own atomic file and equal to the one a single-shard
+    worker processes (job_reader), or by a pool of `threads` processes each writing whole shards when no two
+    shards read the same bytes (shard_pool). Each shard is its own atomic file and equal to the one a single-shard
     job writes, so the store never depends on how shards were grouped into jobs. `per_job`: the DAG's
     grouping (shards_per_job with the source count it saw). Beside the shards: read.json, the bytes
     read from each source (readers.SOURCE_BYTES)."""
     from llmpipe.data.get_data import read_sources
     from llmpipe.data.job_reader import SPOOL
     from llmpipe.data.readers import SOURCE_BYTES, SOURCE_HASHES
+    from llmpipe.data.shard_pool import reads_apart, write_apart
 
     d = cfg["data"]
     shards = job_shards(d, job, per_job)
@@ -141,14 +145,23 @@ def tokenize_job(
     SOURCE_BYTES.clear()
     SOURCE_HASHES.clear()
     sources, manifest = read_sources(sources_json, d)
-    write(cfg, sources, outs, tokenizer_dir, threads, manifest["key"], manifest.get("mixture"))
-    sums = checked_sources(d, sources, manifest["sources"], outs)
+    key, mix = manifest["key"], manifest.get("mixture")
+    if threads > 1 and len(outs) > 1 and reads_apart(sources, d["num_shards"], outs):  # no read to share
+        sums = write_apart(write_checked, cfg, sources, manifest["sources"], outs, tokenizer_dir, threads, key, mix)
+    else:
+        sums = write_checked(cfg, sources, manifest["sources"], outs, tokenizer_dir, threads, key, mix)
     with atomic_path(out_dir / READ_FILE) as tmp:
         tmp.write_text(json.dumps({"bytes_read": dict(SOURCE_BYTES), "sha256": sums}, indent=1))
     log.info(
         "job %d: %d shards in %.1f s, %d threads, read %s", job, len(shards), time.time() - start, threads, dict(SOURCE_BYTES)
     )
     return list(outs.values())
+
+
+def write_checked(cfg: dict, sources: list[str], entries: list[dict], outs: dict[int, Path], tokenizer_dir, threads, key, mix):
+    """write, then the checksums of what it read (checked_sources)."""
+    write(cfg, sources, outs, tokenizer_dir, threads, key, mix)
+    return checked_sources(cfg["data"], sources, entries, outs)
 
 
 READ_FILE = "read.json"  # a tokenize job's source bytes read and the sha256 of what it read

@@ -1,0 +1,140 @@
+"""A tokenize job whose shards read no byte in common (whole sources dealt round-robin, or one file cut into
+byte ranges) writes them in a pool of processes, each reading only its own shards' bytes (shard_pool): the
+same shards and the same read.json (bytes read, sha256) as one process writing them all; an error in one
+ends the job with none of its shards left. The DAG gives a job at least a shard per thread a profile sets."""
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+import llmpipe.data.tokenize as tokmod
+from llmpipe.data.get_data import get_data, load_sources
+from llmpipe.data.shard_pool import reads_apart
+from llmpipe.data.tokenize import shards_per_job, tokenize_job
+from llmpipe.data.tokenizer import copy_tokenizer
+from tests.conftest import GPT2, REPO, corpus_docs, tiny_config, write_jsonl
+
+SHARDS = 4
+
+
+def setup(tmp_path, kind: str, bad: bool = False) -> dict:
+    """whole: 7 files for 4 shards (uneven: 2, 2, 2, 1 sources a shard); cut: one file in 4 byte ranges."""
+    docs = [p for d in corpus_docs(30) for p in d.split("\n\n") if p.strip()][:400]
+    if kind == "whole":
+        sources = [write_jsonl(tmp_path / f"part-{i}.jsonl", docs[i::7]) for i in range(7)]
+    else:
+        sources = [write_jsonl(tmp_path / "big.jsonl", docs)]
+    if bad:  # a broken record in the last source: the job stops under on_bad_record fail
+        with open(sources[-1], "a") as fh:
+            fh.write('{"text": "unterminated\n')
+    data = {"sources": [str(s) for s in sources], "num_shards": SHARDS, "range_split_bytes": 4096, "on_bad_record": "fail"}
+    cfg = tiny_config(tmp_path, data=data, tokenizer={"source": str(GPT2)})
+    get_data(cfg["data"], tmp_path / "sources.json")
+    copy_tokenizer(str(GPT2), tmp_path / "tok")
+    return cfg
+
+
+def job(tmp_path, cfg, name: str, threads: int):
+    folder = tmp_path / name
+    tokenize_job(cfg, str(tmp_path / "sources.json"), 0, str(tmp_path / "tok"), folder, threads, per_job=SHARDS)
+    return folder
+
+
+@pytest.mark.parametrize("kind", ["whole", "cut"])
+def test_a_pool_writes_the_shards_and_read_stats_of_one_process(tmp_path, kind, monkeypatch):
+    cfg = setup(tmp_path, kind)
+    sources = load_sources(tmp_path / "sources.json")
+    assert reads_apart(sources, SHARDS, range(SHARDS))
+    assert (kind == "cut") == bool(getattr(sources[0], "ranges", None))
+    one = job(tmp_path, cfg, "one", 1)
+
+    def not_here(*args, **kwargs):  # the pool's processes import their own: only they may write
+        raise AssertionError("the job's own process wrote shards")
+
+    monkeypatch.setattr(tokmod, "write", not_here)
+    pool = job(tmp_path, cfg, "pool", 3)
+    for s in range(SHARDS):
+        name = f"shard-{s:05d}.safetensors"
+        assert (one / name).stat().st_size > 20_000 and (one / name).read_bytes() == (pool / name).read_bytes(), name
+    read_one, read_pool = (json.loads((f / "read.json").read_text()) for f in (one, pool))
+    assert read_pool == read_one
+    size = sum(p.stat().st_size for p in tmp_path.glob("*.jsonl"))
+    assert sum(read_pool["bytes_read"].values()) == size  # every byte once
+    assert len(read_pool["sha256"]) == (7 if kind == "whole" else SHARDS)
+
+
+def test_a_job_over_a_shared_source_keeps_its_one_reader(tmp_path):
+    """Fewer sources than shards, not cut: every shard reads the whole source, so one process reads it."""
+    write_jsonl(tmp_path / "corpus.jsonl", corpus_docs(5))
+    cfg = tiny_config(tmp_path, data={"num_shards": SHARDS}, tokenizer={"source": str(GPT2)})
+    get_data(cfg["data"], tmp_path / "sources.json")
+    assert not reads_apart(load_sources(tmp_path / "sources.json"), SHARDS, range(SHARDS))
+
+
+@pytest.mark.parametrize("kind", ["whole", "cut"])
+def test_an_error_in_one_pool_process_leaves_no_shard(tmp_path, kind):
+    cfg = setup(tmp_path, kind, bad=True)
+    with pytest.raises(SystemExit, match=r"llmpipe tokenize: error: .*(part-6|big)\.jsonl"):
+        job(tmp_path, cfg, "pool", 3)
+    assert not list((tmp_path / "pool").glob("*shard-*")) and not (tmp_path / "pool" / "read.json").exists()
+
+
+@pytest.mark.parametrize(
+    "shards,sources,threads,want", [(128, 130, 1, 2), (128, 130, 32, 32), (16, 16, 32, 16), (10_000, 10_000, 32, 157)]
+)
+def test_a_job_gets_at_least_a_shard_per_thread(shards, sources, threads, want):
+    assert shards_per_job({"num_shards": shards}, sources, threads) == want
+    assert shards_per_job({"num_shards": shards, "shards_per_job": 3}, sources, threads) == 3
+
+
+def test_dry_run_groups_by_the_threads_a_profile_gives_tokenize(tmp_path):
+    """A cluster profile gives each tokenize job its threads (set-threads): a job a shard would leave all
+    but one idle. 130 sources, 128 shards, 8 threads: 16 jobs of 8 shards, not 64 of 2."""
+    for i in range(130):
+        write_jsonl(tmp_path / f"c{i:03d}.jsonl", corpus_docs(1))
+    over = tmp_path / "o.yaml"
+    over.write_text(
+        json.dumps({"results_dir": str(tmp_path / "r"), "data": {"num_shards": 128, "sources": [str(tmp_path / "c*.jsonl")]}})
+    )
+    cmd = [sys.executable, "-m", "snakemake", "-n", "-p", "--profile", "profiles/local", "--configfile", str(over)]
+    proc = subprocess.run(
+        [*cmd, "--cores", "8", "--set-threads", "tokenize=8"], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    jobs = sorted({int(x) for x in re.findall(r"tokens/job-(\d+)\b", proc.stdout)})
+    assert jobs == list(range(16)) and "--shards-per-job 8 " in proc.stdout and "--threads 8 " in proc.stdout
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="signals as Linux sends them")
+def test_a_pool_process_killed_ends_the_job_naming_it(tmp_path):
+    """A pool process killed (the OOM killer, an admin) must not leave the job waiting for its shard: the
+    job ends at once naming it, stops the others and leaves no shard and no read.json."""
+    import os
+    import signal
+    import time
+
+    big = " ".join(corpus_docs(400)) * 8  # ~12 MB a document: seconds of encoding a shard
+    sources = [str(write_jsonl(tmp_path / f"c{i}.jsonl", [big] * 2)) for i in range(3)]
+    cfg = tiny_config(tmp_path, data={"sources": sources, "num_shards": 3}, tokenizer={"source": str(GPT2)})
+    get_data(cfg["data"], tmp_path / "sources.json")
+    copy_tokenizer(str(GPT2), tmp_path / "tok")
+    (tmp_path / "cfg.json").write_text(json.dumps(cfg))
+    cmd = [sys.executable, "-m", "llmpipe", "tokenize", "--config", str(tmp_path / "cfg.json"), "--sources"]
+    cmd += [str(tmp_path / "sources.json"), "--job", "0", "--shards-per-job", "3", "--tokenizer", str(tmp_path / "tok")]
+    job = subprocess.Popen([*cmd, "--threads", "2", "--out", str(tmp_path / "job")], stderr=subprocess.PIPE, text=True)
+    seen = ""
+    while not (pids := re.findall(r"worker pid (\d+) ready", seen)):
+        line = job.stderr.readline()
+        assert line, seen
+        seen += line
+    for _ in range(600):  # until a process writes: then what the stopped one leaves is known
+        if list((tmp_path / "job").glob(".shard-*.tmp-*")):
+            break
+        time.sleep(0.05)
+    os.kill(int(pids[0]), signal.SIGKILL)
+    _, rest = job.communicate(timeout=120)
+    assert job.returncode == 1 and f"a tokenize process (pid {pids[0]}) ended without a word" in rest, rest[-2000:]
+    assert not list((tmp_path / "job").glob("*shard-*")) and not (tmp_path / "job" / "read.json").exists()
