@@ -13,7 +13,8 @@ jobs, the store's source_reads (bytes read / source size), and its wall over the
 the same round (median and every round's).
 Target (H3): 16 shards within 1.15x the time of 2 shards, bytes read = the source size (ratio 1.0).
 --one-job adds each shard count in one job (data.shards_per_job = shards): for a plain JSONL file cut into
-byte ranges, whose default is a job a shard.
+byte ranges, whose default is a job a shard, that job's 2 processes each write whole shards, reading their
+ranges (shard_pool), as a cluster profile's jobs of a shard per thread do.
 """
 
 from __future__ import annotations
@@ -64,8 +65,8 @@ def main() -> None:
     p.add_argument("--one-job", action="store_true", help="also all shards in one job (a file cut into byte ranges)")
     args = p.parse_args()
     variants = [("one read per job (default)", n, None) for n in args.shards]
-    if args.one_job:  # a cut file's default is a job a shard; this is the grouping before (worker processes)
-        variants += [("one job, worker processes", n, n) for n in args.shards]
+    if args.one_job:  # a cut file's default is a job a shard; this is a job of them all (its processes read apart)
+        variants += [("one job, 2 processes", n, n) for n in args.shards]
     if not args.no_baseline:
         variants.append(("baseline: one job per shard", max(args.shards), 1))
     runs: list[list[dict]] = [[] for _ in variants]
