@@ -238,25 +238,21 @@ def tokenizer_inputs(wildcards):
 # are materialised as Parquet files (list those paths in data.sources).
 HUB_BASE = f"{RUN}/checkpoints/base"
 HUB_DATASETS = {d["name"]: f"{RUN}/data/hub/{d['name']}.parquet" for d in config["hub"]["datasets"]}
-# The threads a data job has: the profile's for tokenize where it sets them (a cluster's data nodes; cores
-# here are the head node's, or 1 in a dry run), else the cores here.
+# Tokenize jobs: fewer sources than shards (every shard reads every source) -> one job reading each source
+# once for all shards, its threads encoding, unless every source is cut into byte ranges; otherwise
+# data.shards_per_job (null: at most 64 jobs, at least data.min_shards_per_job).
+SOURCE_COUNT = source_count()  # globs expanded once per parse
+SHARDS_PER_JOB = shards_per_job(config["data"], config["data"]["num_shards"] if cut_sources_only() else SOURCE_COUNT)
+TOKENIZE_JOBS = [f"{j:05d}" for j in range(tokenize_jobs(config["data"], per_job=SHARDS_PER_JOB))]
 _CORES = getattr(workflow.global_resources.get("_cores"), "value", None) or os.cpu_count() or 1
+TOKENIZE_THREADS = min(SHARDS_PER_JOB, _CORES) if len(TOKENIZE_JOBS) == 1 else 1
+# get_data counts a mixture's (weighted sources') files before tokenizing: one process per file at once, as
+# many as a data job has cores: the profile's threads for tokenize where it sets them (a cluster's data nodes;
+# cores here are the head node's, or 1 in a dry run), else the cores here.
 _SET_TOKENIZE = workflow.resource_settings.overwrite_threads.get("tokenize")
 if hasattr(_SET_TOKENIZE, "is_evaluable"):  # a Resource: a number, or an expression known only per job
     _SET_TOKENIZE = None if _SET_TOKENIZE.is_evaluable() else _SET_TOKENIZE.value
-_SET_TOKENIZE = _SET_TOKENIZE if isinstance(_SET_TOKENIZE, int) and _SET_TOKENIZE > 0 else None
-_DATA_CORES = _SET_TOKENIZE or _CORES
-# Tokenize jobs: fewer sources than shards (every shard reads every source) -> one job reading each source
-# once for all shards, its threads encoding, unless every source is cut into byte ranges; otherwise
-# data.shards_per_job (null: at most 64 jobs, and at least a shard per thread the profile gives a job).
-SOURCE_COUNT = source_count()  # globs expanded once per parse
-SHARDS_PER_JOB = shards_per_job(
-    config["data"], config["data"]["num_shards"] if cut_sources_only() else SOURCE_COUNT, _SET_TOKENIZE or 1
-)
-TOKENIZE_JOBS = [f"{j:05d}" for j in range(tokenize_jobs(config["data"], per_job=SHARDS_PER_JOB))]
-TOKENIZE_THREADS = min(SHARDS_PER_JOB, _CORES) if len(TOKENIZE_JOBS) == 1 else 1
-# get_data counts a mixture's (weighted sources') files before tokenizing: one process per file at once, as
-# many as a data job has cores.
+_DATA_CORES = _SET_TOKENIZE if isinstance(_SET_TOKENIZE, int) and _SET_TOKENIZE > 0 else _CORES
 GET_DATA_THREADS = min(SOURCE_COUNT, _DATA_CORES) if is_mixture(config["data"]["sources"]) else 1
 if config["tokenizer"]["source"] == "base":  # the base model's own tokenizer (continued pre-training)
     config["tokenizer"]["source"] = HUB_BASE if is_hub_ref(config["model"]["init_from"]) else config["model"]["init_from"]

@@ -7,7 +7,7 @@
 VIEW_ONLY = tuple(f"data.{k}" for k in (*VIEW_KEYS, "views", "verify_sample"))
 # ... and those only the tokenize jobs read (get_data reads every source of a mixture to count its groups;
 # a trained tokenizer reads val_fraction too: it leaves validation documents out)
-TOKENIZE_ONLY = tuple(f"data.{k}" for k in ("shards_per_job", "add_bos", "long_pretoken"))
+TOKENIZE_ONLY = tuple(f"data.{k}" for k in ("shards_per_job", "min_shards_per_job", "add_bos", "long_pretoken"))
 
 
 rule get_data:

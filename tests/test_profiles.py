@@ -429,3 +429,17 @@ def test_more_training_processes_than_gres_gpus_is_refused(tmp_path):
     rc, text = dry(2)
     assert rc == 0, text[-1500:]
     assert profiles.gpu_problem("neuron", 32, "gpu:2") is None  # NeuronCores are not gres GPUs here
+
+
+def test_cluster_profiles_group_a_shard_per_tokenize_thread():
+    """A profile giving tokenize jobs N threads (set-threads) sets data.min_shards_per_job N in its
+    llmpipe.yaml, so jobs whose shards read apart fill their threads (one setting each, kept equal here)."""
+    checked = []
+    for prof in sorted((REPO / "profiles").iterdir()):
+        threads = (yaml.safe_load((prof / "config.v8+.yaml").read_text()).get("set-threads") or {}).get("tokenize")
+        if not (prof / "llmpipe.yaml").is_file() or not isinstance(threads, int) or threads < 2:
+            continue
+        overlay = yaml.safe_load((prof / "llmpipe.yaml").read_text())
+        assert overlay.get("data", {}).get("min_shards_per_job") == threads, prof.name
+        checked.append(prof.name)
+    assert {"slurm-trn1", "slurm-trn2", "gpu-colossal"} <= set(checked), checked

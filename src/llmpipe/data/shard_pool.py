@@ -48,9 +48,15 @@ def write_apart(
     try:
         for _ in range(min(processes, len(todo))):
             mine, theirs = ctx.Pipe()
-            procs[mine] = ctx.Process(target=_serve, args=(theirs, os.getpid(), job), daemon=True)
-            procs[mine].start()
-            theirs.close()  # so a process's death reads as EOF here
+            proc = ctx.Process(target=_serve, args=(theirs, os.getpid(), job), daemon=True)
+            try:
+                proc.start()
+            except BaseException:
+                mine.close()
+                raise
+            finally:
+                theirs.close()  # so a process's death reads as EOF here
+            procs[mine] = proc
             mine.send(todo.pop(0))
         busy = set(procs)
         while busy and error is None:
@@ -77,12 +83,13 @@ def write_apart(
             if not ended:
                 proc.terminate()
             proc.join()
+        if not ended:  # an error, or this process interrupted: the shards written and what the stopped wrote
+            for path in outs.values():
+                path.unlink(missing_ok=True)
+                remove_stale(path)
     if error is not None:
-        for path in outs.values():  # the shards written, and what the stopped processes were writing
-            path.unlink(missing_ok=True)
-            remove_stale(path)
         raise SystemExit(f"llmpipe tokenize: error: {error}")
-    return sorted(sums)
+    return sorted(map(list, {tuple(s) for s in sums}))  # empty byte ranges at one offset: listed once
 
 
 def _serve(conn, parent: int, job: tuple) -> None:

@@ -89,17 +89,17 @@ def write(cfg: dict, sources: list[str], outs: dict[int, Path], tokenizer_dir, t
 MAX_AUTO_JOBS = 64  # data.shards_per_job null, sources at least as many as shards: at most this many jobs
 
 
-def shards_per_job(d: dict, n_sources: int | None = None, threads: int = 1) -> int:
+def shards_per_job(d: dict, n_sources: int | None = None) -> int:
     """Shards one tokenize job writes: data.shards_per_job; null: all of them when there are fewer sources
     than shards (every shard reads every source: one job reads each once), else enough for at most
-    MAX_AUTO_JOBS jobs and at least `threads` (a job's processes, each writing whole shards: a job of fewer
-    would leave threads it was given idle). n_sources None: as many as shards (the DAG passes the count it
-    saw, and num_shards for a corpus get-data cuts into byte ranges)."""
+    MAX_AUTO_JOBS jobs and at least data.min_shards_per_job (a profile's threads a job: its processes each
+    write whole shards). n_sources None: as many as shards (the DAG passes the count it saw, and num_shards
+    for a corpus get-data cuts into byte ranges)."""
     if d.get("shards_per_job"):
         return d["shards_per_job"]
     if n_sources is not None and n_sources < d["num_shards"]:
         return d["num_shards"]
-    return min(max(-(-d["num_shards"] // MAX_AUTO_JOBS), threads), d["num_shards"])
+    return min(max(-(-d["num_shards"] // MAX_AUTO_JOBS), d.get("min_shards_per_job") or 1), d["num_shards"])
 
 
 def job_shards(d: dict, job: int, per_job: int | None = None) -> range:
