@@ -3,8 +3,10 @@ byte ranges) writes them in a pool of processes, each reading only its own shard
 same shards and the same read.json (bytes read, sha256) as one process writing them all; an error in one
 ends the job with none of its shards left. data.min_shards_per_job (the cluster profiles: their threads) sets the least shards a job holds."""
 
+import functools
 import json
 import re
+import signal
 import subprocess
 import sys
 
@@ -128,14 +130,15 @@ def big_job(tmp_path, shards: int) -> subprocess.Popen:
     (tmp_path / "cfg.json").write_text(json.dumps(cfg))
     cmd = [sys.executable, "-m", "llmpipe", "tokenize", "--config", str(tmp_path / "cfg.json"), "--sources"]
     cmd += [str(tmp_path / "sources.json"), "--job", "0", "--shards-per-job", str(shards), "--tokenizer", str(tmp_path / "tok")]
-    return subprocess.Popen([*cmd, "--threads", "2", "--out", str(tmp_path / "job")], stderr=subprocess.PIPE, text=True)
+    # SIGINT as a terminal gives it: a shell running the suite in the background (CI) leaves it ignored
+    sigint = functools.partial(signal.signal, signal.SIGINT, signal.SIG_DFL)
+    out = ["--threads", "2", "--out", str(tmp_path / "job")]
+    return subprocess.Popen([*cmd, *out], stderr=subprocess.PIPE, text=True, preexec_fn=sigint)
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="signals as Linux sends them")
 def test_an_interrupted_job_leaves_no_shard(tmp_path):
     """Ctrl-C (SIGINT) after a shard was written: the pool is stopped and the written shards removed too."""
-    import signal
-
     job = big_job(tmp_path, 4)
     seen = ""
     while "shard 0 written\n" not in seen and "shard 1 written\n" not in seen:
@@ -153,7 +156,6 @@ def test_a_pool_process_killed_ends_the_job_naming_it(tmp_path):
     """A pool process killed (the OOM killer, an admin) must not leave the job waiting for its shard: the
     job ends at once naming it, stops the others and leaves no shard and no read.json."""
     import os
-    import signal
     import time
 
     job = big_job(tmp_path, 3)
