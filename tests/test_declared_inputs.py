@@ -202,7 +202,14 @@ def test_encoder_choice_and_data_keys_leave_a_copied_tokenizer_and_the_init_alon
 
 
 @pytest.mark.parametrize(
-    "setting", ["data={shards_per_job: 1}", "data={add_bos: never}", "data={long_pretoken: skip}", "data={val_fraction: 0.2}"]
+    "setting",
+    [
+        "data={shards_per_job: 1}",
+        "data={min_shards_per_job: 2}",
+        "data={add_bos: never}",
+        "data={long_pretoken: skip}",
+        "data={val_fraction: 0.2}",
+    ],
 )
 def test_data_keys_only_tokenize_reads_leave_get_data_alone(done_run, setting):
     """get-data lists and keys the sources (for a mixture it reads them all to count its groups): a key
