@@ -72,7 +72,9 @@ def main(argv: list[str] | None = None) -> None:
     fail_once(argv[0])
     if argv[0] in NO_BLAS_COMMANDS:
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy's import; a user's own value stands
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from llmpipe.io import LOG_FORMAT  # the standard library only
+
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     try:
         importlib.import_module(table[argv[0]]).main(argv[1:])
     except Exception as exc:

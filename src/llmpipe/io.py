@@ -51,6 +51,18 @@ def remove_stale(target: Path) -> None:
             _remove(stale)
 
 
+LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"  # every llmpipe process, workers included
+
+
+def start_worker(parent: int) -> None:
+    """A job's worker process: killed (SIGKILL) when the job dies, and logging as the job does."""
+    import logging
+    import signal
+
+    die_with_parent(parent, signal.SIGKILL)
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+
+
 def die_with_parent(parent: int, sig: int) -> None:
     """Linux: the kernel sends this process `sig` when its parent dies (PR_SET_PDEATHSIG; a killed job's
     workers would otherwise go on writing into its output); exits at once if `parent` is already gone."""

@@ -14,7 +14,6 @@ import gc
 import logging
 import multiprocessing
 import os
-import signal
 import tempfile
 import time
 from pathlib import Path
@@ -23,7 +22,7 @@ from llmpipe.data import mixture
 from llmpipe.data.readers import ReadStats, StreamedText, documents
 from llmpipe.data.shard_set import BATCH_CHARS, BATCH_DOCS, ShardSet
 from llmpipe.data.sources import assign, doc_id, is_validation
-from llmpipe.io import die_with_parent
+from llmpipe.io import start_worker
 
 SPOOL = ".spool-"  # + pid + "-": documents crossing to the workers; removed at the end (a killed job's: next run)
 
@@ -206,8 +205,7 @@ class _Spooled:
 def _work(conn, cfg, sources, outs, tokenizer_dir, key_of, parent: int) -> None:
     """A worker: encode and write the documents of `outs` as they come; reply the shards to redo. It dies
     with the job (`daemon` does not cover a SIGKILL of it): nothing is written into a killed job's output."""
-    die_with_parent(parent, signal.SIGKILL)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    start_worker(parent)
     log.info("worker pid %d ready at %.3f (dies with the job)", os.getpid(), time.time())
     sink, spooled = None, []
     gc.disable()  # as shard_set.gc_paused: a process of its own

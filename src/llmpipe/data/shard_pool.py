@@ -13,12 +13,11 @@ import contextlib
 import logging
 import multiprocessing
 import os
-import signal
 from multiprocessing.connection import wait
 from pathlib import Path
 
 from llmpipe.data.sources import assign
-from llmpipe.io import die_with_parent, remove_stale
+from llmpipe.io import remove_stale, start_worker
 
 log = logging.getLogger(__name__)
 
@@ -95,8 +94,7 @@ def write_apart(
 def _serve(conn, parent: int, job: tuple) -> None:
     """A pool process: writes the shards it is sent, one at a time, until sent None. It dies with the job
     (`daemon` does not cover a SIGKILL of it)."""
-    die_with_parent(parent, signal.SIGKILL)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    start_worker(parent)
     log.info("worker pid %d ready (a pool process; dies with the job)", os.getpid())
     with contextlib.suppress(EOFError, BrokenPipeError):  # the job ended
         while (shard := conn.recv()) is not None:
