@@ -88,3 +88,47 @@ def test_a_restart_trains_with_latest_if_exists_and_extracts_from_no_checkpoint(
     assert loading_step({"resume": False}, extract=False) == "latest_if_exists"
     assert loading_step({"resume": False}, extract=True) == "-1"
     assert loading_step({"resume": True}, extract=True) == loading_step({"resume": True}, extract=False) == "latest_if_exists"
+
+
+def saved_zero1(nxd, step: int, dp: int, tp: int) -> None:
+    """NxD's ZeRO-1 optimizer files of one step, one per DP x TP rank, as neuronx_distributed's
+    trainer/checkpoint.py (_get_path, read at 0.18.0 / fbac349 and 0.7.0) names them (xser: + .info.pt)."""
+    optim = nxd / f"step_{step}" / "optim"
+    optim.mkdir(parents=True)
+    for d in range(dp):
+        for t in range(tp):
+            (optim / f"dp_rank_{d:02d}_tp_rank_{t:02d}_pp_rank_00.pt.info.pt").write_bytes(b"")
+
+
+def test_zero1_optimizer_state_resumes_only_under_its_data_parallelism(run):
+    """ZeRO-1 cuts the optimizer state by DP rank and NxD's load_checkpoint neither reshards nor checks it:
+    more or fewer nodes (DP) are refused before any job, naming DP; without ZeRO-1 they resume."""
+    cfg, init, view, nxd = run
+    p = cfg["parallel"]
+    assert p["zero"] == 1
+    dp = p["nproc_per_node"] * p["nnodes"] // (p["tp"] * p["pp"])
+    more = merge(cfg, {"parallel": {"nnodes": p["nnodes"] * 2}})
+    backend = get("neuron")
+    prepare(cfg, init, view, nxd)
+    trained(nxd, 100)
+    saved_zero1(nxd, 100, dp, p["tp"])
+    prepare(cfg, init, view, nxd)  # the same nodes resume
+    with pytest.raises(
+        CheckpointError, match=rf"step_100 belongs to a different training setup .*'neuron.dp': \({dp}, {dp * 2}\)"
+    ):
+        prepare(more, init, view, nxd)
+    line = changed_settings(more, nxd.parent, "default", backend.resume_sections(more), backend.newest_state)
+    assert f"neuron.dp {dp} -> {dp * 2}" in line
+    # a record written before DP was in it: the DP comes from the step's optimizer files
+    record = json.loads((nxd / RECORD).read_text())
+    del record["fingerprint"]["neuron"]["dp"]
+    (nxd / RECORD).write_text(json.dumps(record))
+    assert changed_settings(cfg, nxd.parent, "default", backend.resume_sections(cfg), backend.newest_state) is None
+    line = changed_settings(more, nxd.parent, "default", backend.resume_sections(more), backend.newest_state)
+    assert f"neuron.dp {dp} -> {dp * 2}" in line
+    # without ZeRO-1 the optimizer state is whole (dp_rank_00 only): other nodes resume
+    plain, plain_more = (merge(c, {"parallel": {"zero": 0}}) for c in (cfg, more))
+    prepare(merge(plain, {"train": {"resume": False}}), init, view, nxd)
+    trained(nxd, 100)
+    prepare(plain_more, init, view, nxd)
+    assert changed_settings(plain_more, nxd.parent, "default", backend.resume_sections(plain_more), backend.newest_state) is None

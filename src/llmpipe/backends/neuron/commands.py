@@ -47,7 +47,7 @@ from pathlib import Path
 
 from llmpipe import config as cfgmod
 from llmpipe import launch
-from llmpipe.backends.neuron.layout import Dims, Layout, LayoutError
+from llmpipe.backends.neuron.layout import Dims, Layout, LayoutError, data_parallel
 from llmpipe.backends.neuron.resume import complete_steps, prepare
 from llmpipe.io import write_json
 from llmpipe.train.checkpoint import CheckpointError
@@ -97,7 +97,7 @@ def batch_plan(cfg: dict) -> dict:
             f"parallel.tp {p['tp']} x parallel.pp {p['pp']} must divide the {world} NeuronCores "
             f"(parallel.nproc_per_node {p['nproc_per_node']} x parallel.nnodes {p['nnodes']})"
         )
-    dp = world // (p["tp"] * p["pp"])
+    dp = data_parallel(p)
     gbs, micro = t["global_batch_size"], t["micro_batch_size"]
     if gbs % dp:
         raise NeuronConfigError(

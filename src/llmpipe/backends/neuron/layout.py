@@ -28,6 +28,11 @@ class LayoutError(ValueError):
     """The NxD layout does not fit the model (raised before any work)."""
 
 
+def data_parallel(parallel: dict) -> int:
+    """DP: the NeuronCores of the job (parallel.nproc_per_node x nnodes) over tp x pp (which must divide them)."""
+    return parallel["nproc_per_node"] * parallel["nnodes"] // (parallel["tp"] * parallel["pp"])
+
+
 @dataclass(frozen=True)
 class Dims:
     """The Llama shapes the layout depends on (from an HF config.json)."""

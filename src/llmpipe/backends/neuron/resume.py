@@ -18,6 +18,7 @@ from llmpipe.io import write_json
 log = logging.getLogger(__name__)
 
 STEP_RE = re.compile(r"^step_(\d+)$")
+DP_RANK_RE = re.compile(r"^dp_rank_(\d+)_")  # step_<N>/optim/dp_rank_XX_tp_rank_XX_pp_rank_XX.pt (+ xser's .info.pt, .tensors)
 RECORD = "llmpipe-fingerprint.json"  # in the NxD checkpoint dir, beside step_<N>/
 
 
@@ -33,18 +34,35 @@ def complete_steps(ckpt_dir: Path) -> list[int]:
 
 
 def resume_sections(cfg: dict) -> dict:
-    """The layout NxD's rank files and optimizer shards are cut by: a checkpoint resumes only under it."""
-    from llmpipe.backends.neuron.layout import Layout
+    """The layout NxD's rank files and optimizer shards are cut by: a checkpoint resumes only under it. With
+    ZeRO-1 that includes DP: each DP rank saves its own slice of the optimizer state, and NxD's load_checkpoint
+    (0.7-0.18, read) neither reshards it nor checks: another DP fails only inside the launched job (a missing
+    dp_rank file, or slices of the wrong size)."""
+    from llmpipe.backends.neuron.layout import Layout, data_parallel
 
-    return {"neuron": {**Layout.from_config(cfg).to_json(), "zero": cfg["parallel"].get("zero")}}
+    zero = cfg["parallel"].get("zero")
+    dp = {"dp": data_parallel(cfg["parallel"])} if zero == 1 else {}
+    return {"neuron": {**Layout.from_config(cfg).to_json(), "zero": zero, **dp}}
+
+
+def saved_dp(step: Path) -> int | None:
+    """The DP a ZeRO-1 step was saved under: one optim/dp_rank_XX_* file per DP rank (None: no such files)."""
+    optim = step / "optim"
+    ranks = {int(m.group(1)) for p in optim.iterdir() if (m := DP_RANK_RE.match(p.name))} if optim.is_dir() else set()
+    return max(ranks) + 1 if ranks else None
 
 
 def recorded(ckpt_dir: Path) -> tuple[Path, dict] | None:
-    """(newest complete step, {"fingerprint": ...} it was trained under) or None (no step, or no record)."""
+    """(newest complete step, {"fingerprint": ...} it was trained under) or None (no step, or no record). A
+    ZeRO-1 record written before DP was part of it takes the DP from the step's optimizer files."""
     steps = complete_steps(ckpt_dir)
     if not steps or not (ckpt_dir / RECORD).is_file():
         return None
-    return ckpt_dir / f"step_{steps[-1]}", json.loads((ckpt_dir / RECORD).read_text())
+    step, record = ckpt_dir / f"step_{steps[-1]}", json.loads((ckpt_dir / RECORD).read_text())
+    neuron = record.get("fingerprint", {}).get("neuron", {})
+    if neuron.get("zero") == 1 and "dp" not in neuron and (dp := saved_dp(step)) is not None:
+        neuron["dp"] = dp
+    return step, record
 
 
 def newest_state(root: Path) -> tuple[Path, dict] | None:
