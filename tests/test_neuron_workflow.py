@@ -42,7 +42,8 @@ ckpt = Path(args.checkpoint_dir)
 ds = datasets.load_from_disk(args.data_dir)
 keep = ("NEURON_CC_FLAGS", "NEURON_EXTRACT_GRAPHS_ONLY", "XLA_DOWNCAST_BF16", "MALLOC_ARENA_MAX", "WORLD_SIZE", "PYTHONPATH")
 record = {"argv": sys.argv[1:], "env": {k: os.environ.get(k) for k in keep},
-          "row_len": len(ds[0]["input_ids"]), "columns": sorted(ds.column_names)}
+          "row_len": len(ds[0]["input_ids"]), "columns": sorted(ds.column_names),
+          "rows": ds.num_rows, "first_ids": ds[0]["input_ids"]}
 (ckpt.parent / f"fake_{phase}.json").write_text(json.dumps(record))
 if phase == "train":
     step = ckpt / f"step_{args.max_steps}"
@@ -102,25 +103,16 @@ def test_neuron_dag_runs_end_to_end_with_a_fake_trainer(tmp_path):
     }
     (work / "neuron.yaml").write_text(json.dumps(cfg))
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(work / "src")}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "snakemake",
-            "results/t/checkpoints/neuron/final",
-            "--profile",
-            "profiles/local",
-            "--configfile",
-            "neuron.yaml",
-            "--no-hooks",  # the Neuron environment is faked: llmpipe doctor's checks would (rightly) refuse it
-        ],
-        cwd=work,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+
+    def snakemake(*args: str, timeout: int = 300) -> None:
+        # --no-hooks: the Neuron environment is faked: llmpipe doctor's checks would (rightly) refuse it
+        flags = ["--profile", "profiles/local", "--configfile", "neuron.yaml", "--no-hooks"]
+        proc = subprocess.run(
+            [sys.executable, "-m", "snakemake", *args, *flags], cwd=work, env=env, capture_output=True, text=True, timeout=timeout
+        )
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+
+    snakemake("results/t/checkpoints/neuron/final", timeout=900)
     run = work / "results/t"
     neuron = run / "checkpoints/neuron"
 
@@ -166,19 +158,14 @@ def test_neuron_dag_runs_end_to_end_with_a_fake_trainer(tmp_path):
     # the launch port is no setting of the model or the graphs: after a finished run it reruns nothing
     dry = dry_run(neuron={"master_port": 44001})
     assert dry.returncode == 0 and "Nothing to be done" in dry.stdout + dry.stderr, dry.stdout[-3000:]
+
     # training rerun on a finished run (forced here; a rerun precompile does the same): nothing launched
+    def force_train():
+        (work / "neuron.yaml").write_text(json.dumps(cfg))
+        snakemake("results/t/checkpoints/neuron/train.json", "--forcerun", "train_neuron")
+
     (neuron / "fake_train.json").unlink()
-    (work / "neuron.yaml").write_text(json.dumps(cfg))
-    forced = subprocess.run(
-        [sys.executable, "-m", "snakemake", "results/t/checkpoints/neuron/train.json", "--forcerun", "train_neuron"]
-        + ["--profile", "profiles/local", "--configfile", "neuron.yaml", "--no-hooks"],
-        cwd=work,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert forced.returncode == 0, forced.stdout[-3000:] + forced.stderr[-3000:]
+    force_train()
     again = json.loads((neuron / "train.json").read_text())
     assert again["launched"] is False and again["last_step"] == 4 and not (neuron / "fake_train.json").exists()
 
@@ -191,3 +178,16 @@ def test_neuron_dag_runs_end_to_end_with_a_fake_trainer(tmp_path):
     text = dry.stdout + dry.stderr
     assert dry.returncode != 0 and "has checkpoints trained with other settings (step_4: train.lr " in text, text[-3000:]
     assert (neuron / "nxd/step_4/done").is_file()
+
+    # resumed from step_2 (a stand-in: step_4 renamed), tp_zero1 reads the rows after step 2 (it skips none
+    # itself): the view's rows from 2 steps x 2 rows on, and only the 2 steps' left
+    import datasets
+
+    (neuron / "nxd/step_4").rename(neuron / "nxd/step_2")
+    force_train()
+    again = json.loads((neuron / "fake_train.json").read_text())
+    flags = trainer_flags("tp_zero1_llama_hf_pretrain.py " + " ".join(shlex.quote(a) for a in again["argv"]))
+    assert flags["--data_dir"] == "results/t/checkpoints/neuron/nxd/llmpipe-resume-view/step_2/train"  # as the view: relative
+    original = datasets.load_from_disk(str(run / "data/views/hf/train"))
+    assert again["first_ids"] == original[2 * 2]["input_ids"] and again["rows"] == (4 - 2) * 2
+    assert json.loads((neuron / "train.json").read_text())["last_step"] == 4

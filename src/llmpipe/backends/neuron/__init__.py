@@ -7,6 +7,7 @@ torchfile  torch.save files read (os.pread at each tensor's offset) and written 
 merge    NxD rank files (a training step or the pretrained shards) -> HF safetensors + config + tokenizer
 commands the precompile (neuron_parallel_compile) and training commands: env, flags, srun + torchrun
 resume   the fingerprint neuron-train records beside NxD's steps, checked before it resumes them
+resume_view  the rows a resumed tp_zero1 run reads (it skips none itself): a view of them beside the steps
 """
 
 from pathlib import Path

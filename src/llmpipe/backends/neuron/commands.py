@@ -47,6 +47,7 @@ from pathlib import Path
 
 from llmpipe import config as cfgmod
 from llmpipe import launch
+from llmpipe.backends.neuron import resume_view
 from llmpipe.backends.neuron.layout import Dims, Layout, LayoutError, data_parallel
 from llmpipe.backends.neuron.resume import complete_steps, prepare
 from llmpipe.io import write_json
@@ -467,13 +468,14 @@ def main(argv: list[str] | None = None, phase: str = "train") -> None:
             prepare(cfg, Path(args.init), Path(args.data), Path(args.checkpoint_dir))
             if finished(cfg, Path(args.checkpoint_dir), args.out, env, cmd):
                 return
-        if phase == "train" and script_kind(cfg) == "tp_zero1" and any(Path(args.checkpoint_dir).glob("step_*")):
-            log.warning(
-                "resuming with %s: it restores the step, weights and optimizer but reads the data from its start "
-                "again (its loop skips no batches; run_llama_nxd.py does): the first steps' sequences are seen twice",
-                Path(SCRIPTS["tp_zero1"]).name,
+        if phase == "train" and script_kind(cfg) == "tp_zero1":  # it skips no rows on resume: a view that does
+            b, t = batch_plan(cfg), cfg["train"]
+            data = resume_view.data_for(
+                args.data, args.checkpoint_dir, b["dp"], t["micro_batch_size"], b["grad_accum_usteps"], t["max_steps"]
             )
-    except (NeuronConfigError, launch.LaunchError, subprocess.CalledProcessError, CheckpointError) as exc:
+            targs = trainer_args(cfg, args.init, str(data), args.checkpoint_dir, args.metrics, args.tb_dir, phase)
+            cmd = command(cfg, targs, alloc, phase)
+    except (ValueError, launch.LaunchError, subprocess.CalledProcessError, CheckpointError) as exc:  # NeuronConfigError too
         raise SystemExit(f"llmpipe neuron-{phase}: {exc}") from None
     print(render(env, cmd), file=sys.stderr, flush=True)
     run_env = dict(os.environ)
