@@ -52,6 +52,10 @@ if _backend.resume_sections:  # before Snakemake deletes the old model to train 
     )
     if _changed:
         raise WorkflowError(_changed)
+if _backend.resume_refusal:  # e.g. NxD's ZeRO-1 optimizer state under another DP
+    _refused = _backend.resume_refusal(config, Path(RUN) / "checkpoints" / BACKEND)
+    if _refused:
+        raise WorkflowError(f"run {config['run']!r}: {_refused}")
 
 # every view a job of this run reads, so verify_data checks each: data.views, hf (plan and evaluate read it,
 # the torch, colossal and neuron trainers train on it) and a SageMaker algorithm's litgpt

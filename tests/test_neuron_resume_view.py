@@ -116,3 +116,17 @@ def test_the_resumed_view_holds_those_rows_and_loads_with_the_datasets_nxd_pins(
         shutil.rmtree(ckpt / f"step_{step}")
     assert resume_view.data_for(data, ckpt, dp, micro, accum, max_steps) == data
     assert not any((ckpt / resume_view.FOLDER).iterdir())
+
+
+def test_a_killed_write_leaves_nothing_a_retry_keeps_and_auto_resume_is_named(view, tmp_path, caplog):
+    data, _ = view
+    ckpt = tmp_path / "nxd"
+    trained(ckpt, 3)
+    left = ckpt / resume_view.FOLDER / "step_3" / ".train.tmp-999999"  # a try killed mid-write
+    left.mkdir(parents=True)
+    with caplog.at_level("WARNING"):
+        out = resume_view.data_for(data, ckpt, 1, 2, 1, 10, auto_resume=True)
+    assert sorted(p.name for p in out.iterdir()) == ["train"]
+    assert "HyperPod restarts this command as it is" in caplog.text and "the view of step_3" in caplog.text
+    resume_view.clear(ckpt)  # a finished run (commands.finished)
+    assert not (ckpt / resume_view.FOLDER).exists()

@@ -178,6 +178,13 @@ def test_neuron_dag_runs_end_to_end_with_a_fake_trainer(tmp_path):
     text = dry.stdout + dry.stderr
     assert dry.returncode != 0 and "has checkpoints trained with other settings (step_4: train.lr " in text, text[-3000:]
     assert (neuron / "nxd/step_4/done").is_file()
+    # its ZeRO-1 optimizer state (a stand-in file, named as NxD names one per DP rank) under another DP: the
+    # dry run stops too
+    (neuron / "nxd/step_4/optim").mkdir()
+    (neuron / "nxd/step_4/optim/dp_rank_00_tp_rank_00_pp_rank_00.pt").write_bytes(b"")
+    dry = dry_run(parallel={"nproc_per_node": 4}, train={"micro_batch_size": 1})
+    text = dry.stdout + dry.stderr
+    assert dry.returncode != 0 and "optimizer state cut for data parallelism 1, but this run has DP 2" in text, text[-3000:]
 
     # resumed from step_2 (a stand-in: step_4 renamed), tp_zero1 reads the rows after step 2 (it skips none
     # itself): the view's rows from 2 steps x 2 rows on, and only the 2 steps' left

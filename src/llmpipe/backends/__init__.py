@@ -43,6 +43,9 @@ class Backend:
     # <run>/checkpoints/<name> -> (its newest complete checkpoint, {"fingerprint": ...} recorded for it) or
     # None; None = llmpipe.train's checkpoints (step_<N>/trainer_state.json)
     newest_state: Callable[[Path], tuple[Path, dict] | None] | None = None
+    # (config, <run>/checkpoints/<name>) -> why its newest checkpoint cannot resume under this config though
+    # the fingerprint agrees (NxD's ZeRO-1 optimizer state is cut by DP), or None; checked as resume_sections
+    resume_refusal: Callable[[dict, Path], str | None] | None = None
 
     def rules_file(self) -> Path:
         return Path(self.rules) if self.rules else REPO / "rules" / f"train_{self.name}.smk"

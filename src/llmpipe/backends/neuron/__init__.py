@@ -41,6 +41,12 @@ def _newest_state(root: Path) -> tuple[Path, dict] | None:
     return newest_state(root)
 
 
+def _resume_refusal(cfg: dict, root: Path) -> str | None:
+    from llmpipe.backends.neuron.resume import dp_refusal
+
+    return dp_refusal(cfg, root / "nxd")
+
+
 BACKEND = Backend(
     name="neuron",
     doc="AWS Trainium with neuronx-distributed's Llama trainers (tp/pp, tp + ZeRO-1) on Slurm",
@@ -62,4 +68,5 @@ BACKEND = Backend(
     parallel_defaults=_parallel_defaults,
     resume_sections=_resume_sections,
     newest_state=_newest_state,
+    resume_refusal=_resume_refusal,
 )

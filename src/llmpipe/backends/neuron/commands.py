@@ -424,6 +424,7 @@ def finished(cfg: dict, ckpt: Path, out: str, env: dict, cmd: list[str]) -> bool
     if not steps or steps[-1] < cfg["train"]["max_steps"]:
         return False
     log.info("%s has step_%d complete: the run is finished, nothing launched", ckpt, steps[-1])
+    resume_view.clear(ckpt)
     write_json(out, {**summary(cfg, env, cmd, "train"), "last_step": steps[-1], "launched": False})
     return True
 
@@ -470,12 +471,11 @@ def main(argv: list[str] | None = None, phase: str = "train") -> None:
                 return
         if phase == "train" and script_kind(cfg) == "tp_zero1":  # it skips no rows on resume: a view that does
             b, t = batch_plan(cfg), cfg["train"]
-            data = resume_view.data_for(
-                args.data, args.checkpoint_dir, b["dp"], t["micro_batch_size"], b["grad_accum_usteps"], t["max_steps"]
-            )
+            loop = (b["dp"], t["micro_batch_size"], b["grad_accum_usteps"], t["max_steps"], t["slurm_auto_resume"])
+            data = resume_view.data_for(args.data, args.checkpoint_dir, *loop)
             targs = trainer_args(cfg, args.init, str(data), args.checkpoint_dir, args.metrics, args.tb_dir, phase)
             cmd = command(cfg, targs, alloc, phase)
-    except (ValueError, launch.LaunchError, subprocess.CalledProcessError, CheckpointError) as exc:  # NeuronConfigError too
+    except (ValueError, OSError, subprocess.CalledProcessError, launch.LaunchError, CheckpointError) as exc:
         raise SystemExit(f"llmpipe neuron-{phase}: {exc}") from None
     print(render(env, cmd), file=sys.stderr, flush=True)
     run_env = dict(os.environ)

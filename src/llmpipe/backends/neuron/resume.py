@@ -34,15 +34,18 @@ def complete_steps(ckpt_dir: Path) -> list[int]:
 
 
 def resume_sections(cfg: dict) -> dict:
-    """The layout NxD's rank files and optimizer shards are cut by: a checkpoint resumes only under it. With
-    ZeRO-1 that includes DP: each DP rank saves its own slice of the optimizer state, and NxD's load_checkpoint
-    (0.7-0.18, read) neither reshards it nor checks: another DP fails only inside the launched job (a missing
-    dp_rank file, or slices of the wrong size)."""
-    from llmpipe.backends.neuron.layout import Layout, data_parallel
+    """The layout NxD's rank files and optimizer shards are cut by: a checkpoint resumes only under it."""
+    from llmpipe.backends.neuron.layout import Layout
 
-    zero = cfg["parallel"].get("zero")
-    dp = {"dp": data_parallel(cfg["parallel"])} if zero == 1 else {}
-    return {"neuron": {**Layout.from_config(cfg).to_json(), "zero": zero, **dp}}
+    return {"neuron": {**Layout.from_config(cfg).to_json(), "zero": cfg["parallel"].get("zero")}}
+
+
+def recorded(ckpt_dir: Path) -> tuple[Path, dict] | None:
+    """(newest complete step, {"fingerprint": ...} it was trained under) or None (no step, or no record)."""
+    steps = complete_steps(ckpt_dir)
+    if not steps or not (ckpt_dir / RECORD).is_file():
+        return None
+    return ckpt_dir / f"step_{steps[-1]}", json.loads((ckpt_dir / RECORD).read_text())
 
 
 def saved_dp(step: Path) -> int | None:
@@ -52,17 +55,27 @@ def saved_dp(step: Path) -> int | None:
     return max(ranks) + 1 if ranks else None
 
 
-def recorded(ckpt_dir: Path) -> tuple[Path, dict] | None:
-    """(newest complete step, {"fingerprint": ...} it was trained under) or None (no step, or no record). A
-    ZeRO-1 record written before DP was part of it takes the DP from the step's optimizer files."""
+def dp_refusal(cfg: dict, ckpt_dir: Path) -> str | None:
+    """Why the newest step cannot resume under this run's DP, or None. Under ZeRO-1 each DP rank saves its own
+    slice of the optimizer state, and NxD's load_checkpoint (0.7-0.18, read) neither reshards nor checks it:
+    another DP fails only inside the launched job (a missing dp_rank file, or slices of the wrong size). The
+    step's own files say its DP (not our record: NxD's converter may have resharded them)."""
+    from llmpipe.backends.neuron.layout import data_parallel
+
     steps = complete_steps(ckpt_dir)
-    if not steps or not (ckpt_dir / RECORD).is_file():
+    if cfg["parallel"].get("zero") != 1 or not cfg["train"]["resume"] or not steps:
         return None
-    step, record = ckpt_dir / f"step_{steps[-1]}", json.loads((ckpt_dir / RECORD).read_text())
-    neuron = record.get("fingerprint", {}).get("neuron", {})
-    if neuron.get("zero") == 1 and "dp" not in neuron and (dp := saved_dp(step)) is not None:
-        neuron["dp"] = dp
-    return step, record
+    step, dp = ckpt_dir / f"step_{steps[-1]}", data_parallel(cfg["parallel"])
+    saved = saved_dp(step)
+    if saved is None or saved == dp:
+        return None
+    return (
+        f"{step} holds ZeRO-1 optimizer state cut for data parallelism {saved}, but this run has DP {dp} "
+        f"(parallel.nproc_per_node x nnodes / (tp x pp)); NxD loads it neither resharded nor checked. Resume on "
+        f"the DP it was saved with, reshard the step's optim/ with NxD's nxd_convert_zero_checkpoints "
+        f"--convert_to_sharded --dp_size {dp} (into another folder, then put it in place), or restart from the "
+        "initial model (train: {resume: false})"
+    )
 
 
 def newest_state(root: Path) -> tuple[Path, dict] | None:
@@ -73,6 +86,7 @@ def newest_state(root: Path) -> tuple[Path, dict] | None:
 def prepare(cfg: dict, init_dir: Path, view_dir: Path, ckpt_dir: Path) -> None:
     """Before training is launched: refuse steps trained under another fingerprint (train.resume true), or
     remove every old step once (false: llmpipe.train.resume.begin_restart); then record this run's fingerprint."""
+    from llmpipe.train.checkpoint import CheckpointError
     from llmpipe.train.resume import begin_restart, check_fingerprint, end_restart, fingerprint
 
     fp = fingerprint(cfg, init_dir, view_dir, **resume_sections(cfg))
@@ -82,6 +96,8 @@ def prepare(cfg: dict, init_dir: Path, view_dir: Path, ckpt_dir: Path) -> None:
         end_restart(ckpt_dir)
         if (found := recorded(ckpt_dir)) is not None:
             check_fingerprint(found[1]["fingerprint"], fp, found[0], ckpt_dir)
+        if problem := dp_refusal(cfg, ckpt_dir):
+            raise CheckpointError(problem)
         elif complete_steps(ckpt_dir):
             log.warning("%s: steps without %s (written before it was recorded): resumed unchecked", ckpt_dir, RECORD)
     write_json(ckpt_dir / RECORD, {"fingerprint": fp})

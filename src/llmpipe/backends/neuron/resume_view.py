@@ -63,8 +63,9 @@ def _pieces(files: list[tuple[str, int]], part: range) -> list[tuple[str, int, i
 def write(train: Path, out: Path, parts: list[range]) -> None:
     """A train split folder at `out` (datasets.load_from_disk reads it) holding `parts` of `train`'s rows."""
     files = _file_rows(train)
+    for left in out.parent.glob(f".{out.name}.tmp-*"):  # of a killed earlier try
+        shutil.rmtree(left)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     listed = []
     for part in parts:
@@ -88,12 +89,20 @@ def write(train: Path, out: Path, parts: list[range]) -> None:
     tmp.rename(out)
 
 
-def data_for(data: str | Path, ckpt_dir: str | Path, dp: int, micro: int, accum: int, max_steps: int) -> Path:
+def data_for(
+    data: str | Path, ckpt_dir: str | Path, dp: int, micro: int, accum: int, max_steps: int, auto_resume: bool = False
+) -> Path:
     """The hf view root tp_zero1 reads (its train/ split): `data` for a fresh run; resuming step N (NxD's
     latest_if_exists takes the newest complete step), the rows after N steps, written under the checkpoint
-    dir (the views of earlier resumes removed)."""
+    dir (the views of earlier resumes removed). `auto_resume`: HyperPod reruns the command as it is."""
     data, ckpt_dir = Path(data), Path(ckpt_dir)
     steps = complete_steps(ckpt_dir)
+    if auto_resume:
+        log.warning(
+            "train.slurm_auto_resume: HyperPod restarts this command as it is, so after an automatic restart the "
+            "trainer reads %s again from its first row (it skips none): rerun snakemake to resume exactly",
+            data if not steps else f"the view of step_{steps[-1]}",
+        )
     root = ckpt_dir / FOLDER
     for old in sorted(root.glob("step_*")) if root.is_dir() else ():
         if not steps or old.name != f"step_{steps[-1]}":
@@ -111,3 +120,8 @@ def data_for(data: str | Path, ckpt_dir: str | Path, dp: int, micro: int, accum:
 def _show(parts: list[range]) -> str:
     shown = ", ".join(f"{p.start}-{p.stop - 1}" for p in parts[:3])
     return shown + (f" and {len(parts) - 3} more epochs" if len(parts) > 3 else "")
+
+
+def clear(ckpt_dir: str | Path) -> None:
+    """Remove the resume views (a finished run reads none)."""
+    shutil.rmtree(Path(ckpt_dir) / FOLDER, ignore_errors=True)
