@@ -130,6 +130,27 @@ def test_zero1_optimizer_state_resumes_only_under_its_data_parallelism(run):
     assert refusal(more, nxd.parent) is None
     prepare(more, init, view, nxd)
     assert re.search(f"DP {dp}", refusal(cfg, nxd.parent))
-    # without ZeRO-1 the optimizer state is whole (dp_rank_00 only); a restart reads no step
+    # without ZeRO-1 the optimizer state is whole (dp_rank_00 only)
     assert refusal(merge(cfg, {"parallel": {"zero": 0}}), nxd.parent) is None
-    assert refusal(merge(cfg, {"train": {"resume": False}}), nxd.parent) is None
+    # a restart under another DP removes the old steps first; its retry resumes its own, so they are checked
+    restart, restart_more = (merge(c, {"train": {"resume": False}}) for c in (cfg, more))
+    assert refusal(restart_more, nxd.parent) is None  # at parse time: the steps are about to go
+    prepare(restart, init, view, nxd)
+    trained(nxd, 10)
+    saved_zero1(nxd, 10, dp, p["tp"])
+    with pytest.raises(CheckpointError, match=rf"step_10 holds ZeRO-1 optimizer state cut for data parallelism {dp},"):
+        prepare(restart_more, init, view, nxd)  # the retry on other nodes
+    assert (nxd / "step_10/optim").is_dir()
+
+
+def test_a_checked_resume_logs_no_unchecked_warning(run, caplog):
+    cfg, init, view, nxd = run
+    prepare(cfg, init, view, nxd)
+    trained(nxd, 100)
+    with caplog.at_level("WARNING"):
+        prepare(cfg, init, view, nxd)
+    assert "resumed unchecked" not in caplog.text
+    (nxd / RECORD).unlink()  # steps from before the record
+    with caplog.at_level("WARNING"):
+        prepare(cfg, init, view, nxd)
+    assert "resumed unchecked" in caplog.text

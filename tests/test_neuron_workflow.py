@@ -198,3 +198,4 @@ def test_neuron_dag_runs_end_to_end_with_a_fake_trainer(tmp_path):
     original = datasets.load_from_disk(str(run / "data/views/hf/train"))
     assert again["first_ids"] == original[2 * 2]["input_ids"] and again["rows"] == (4 - 2) * 2
     assert json.loads((neuron / "train.json").read_text())["last_step"] == 4
+    assert not (neuron / "nxd/llmpipe-resume-view").exists()  # a finished run's view is removed

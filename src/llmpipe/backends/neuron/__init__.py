@@ -42,9 +42,10 @@ def _newest_state(root: Path) -> tuple[Path, dict] | None:
 
 
 def _resume_refusal(cfg: dict, root: Path) -> str | None:
+    """At parse time, for train.resume true; neuron-train checks the steps a restart's retry resumes too."""
     from llmpipe.backends.neuron.resume import dp_refusal
 
-    return dp_refusal(cfg, root / "nxd")
+    return dp_refusal(cfg, root / "nxd") if cfg["train"]["resume"] else None
 
 
 BACKEND = Backend(

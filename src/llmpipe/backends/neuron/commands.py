@@ -495,4 +495,5 @@ def main(argv: list[str] | None = None, phase: str = "train") -> None:
                 f"step_{cfg['train']['max_steps']} (complete: {steps})"
             )
         record["last_step"] = steps[-1]
+        resume_view.clear(args.checkpoint_dir)  # read by no later run
     write_json(args.out, record)

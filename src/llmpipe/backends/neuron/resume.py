@@ -56,14 +56,14 @@ def saved_dp(step: Path) -> int | None:
 
 
 def dp_refusal(cfg: dict, ckpt_dir: Path) -> str | None:
-    """Why the newest step cannot resume under this run's DP, or None. Under ZeRO-1 each DP rank saves its own
+    """Why the newest step cannot be resumed under this run's DP, or None. Under ZeRO-1 each DP rank saves its own
     slice of the optimizer state, and NxD's load_checkpoint (0.7-0.18, read) neither reshards nor checks it:
     another DP fails only inside the launched job (a missing dp_rank file, or slices of the wrong size). The
     step's own files say its DP (not our record: NxD's converter may have resharded them)."""
     from llmpipe.backends.neuron.layout import data_parallel
 
     steps = complete_steps(ckpt_dir)
-    if cfg["parallel"].get("zero") != 1 or not cfg["train"]["resume"] or not steps:
+    if cfg["parallel"].get("zero") != 1 or not steps:
         return None
     step, dp = ckpt_dir / f"step_{steps[-1]}", data_parallel(cfg["parallel"])
     saved = saved_dp(step)
@@ -96,8 +96,8 @@ def prepare(cfg: dict, init_dir: Path, view_dir: Path, ckpt_dir: Path) -> None:
         end_restart(ckpt_dir)
         if (found := recorded(ckpt_dir)) is not None:
             check_fingerprint(found[1]["fingerprint"], fp, found[0], ckpt_dir)
-        if problem := dp_refusal(cfg, ckpt_dir):
-            raise CheckpointError(problem)
         elif complete_steps(ckpt_dir):
             log.warning("%s: steps without %s (written before it was recorded): resumed unchecked", ckpt_dir, RECORD)
+    if problem := dp_refusal(cfg, ckpt_dir):  # the steps left are the ones NxD resumes (a restart's retry too)
+        raise CheckpointError(problem)
     write_json(ckpt_dir / RECORD, {"fingerprint": fp})
