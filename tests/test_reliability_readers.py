@@ -11,7 +11,7 @@ import shutil
 from collections import Counter
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from safetensors import safe_open
 
@@ -104,6 +104,7 @@ def gpt2(tmp_path_factory):
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 @given(corpus)
+@example(([(("bad_json", b"[", None), b"\n"), (("good", b'{"text": "a"}', "a"), b"\n")], False, False))
 def test_skip_counts_exact_and_good_tokens_in_order(tmp_path, gpt2, sample):
     tok_dir, tok = gpt2
     work = tmp_path / "w"
@@ -117,6 +118,11 @@ def test_skip_counts_exact_and_good_tokens_in_order(tmp_path, gpt2, sample):
     )
     tokenize_shard(cfg, [str(path)], 0, tok_dir, work / "tokens" / "shard-00000.safetensors")
     manifest = build_manifest([work / "tokens" / "shard-00000.safetensors"], work / "tokens" / "manifest.json")
+    if sample[0][0][0][1] == b"[":  # a first line "[": a JSON array, skipped whole as a source, named and counted
+        assert manifest["read"]["documents"] == 0 and manifest["read"]["skipped"] == {}
+        assert manifest["read"]["sources_skipped"] == {"unreadable_source": 1}
+        assert "is a JSON array" in manifest["read"]["sources_skipped_examples"]["unreadable_source"][str(path)]
+        return
 
     expected_skips = Counter(kind for kind, _ in records if kind != "good")
     assert manifest["read"]["skipped"] == dict(expected_skips)
@@ -141,6 +147,8 @@ def test_skip_counts_exact_and_good_tokens_in_order(tmp_path, gpt2, sample):
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(corpus)
+@example(([(("bad_json", b"[", None), b"\n")], False, False))  # a first line "[": a pretty-printed JSON array
+@example(([(("bad_json", b"[", None), b"\n")], False, True))
 def test_fail_policy_stops_at_first_bad_record_with_its_line(tmp_path, sample):
     items, open_end, bom = sample
     path, records = build(tmp_path, items, open_end, bom)
@@ -156,6 +164,10 @@ def test_fail_policy_stops_at_first_bad_record_with_its_line(tmp_path, sample):
         texts = [t for _, t in documents(str(path), cfg, stats)]
         assert texts == [t for k, t in records if k == "good"]
         assert dict(stats.skipped) == ({"empty": kinds.count("empty")} if "empty" in kinds else {})
+    elif bad == 1 and items[0][0][1] == b"[":  # the source is named, as a JSON array is (not line 1 of JSONL)
+        with pytest.raises(BadSource, match="is a JSON array, not JSON Lines") as err:
+            list(documents(str(path), cfg, stats))
+        assert err.value.where == str(path)
     else:
         with pytest.raises(BadRecord) as err:
             list(documents(str(path), cfg, stats))
