@@ -44,7 +44,8 @@ class Backend:
     # None; None = llmpipe.train's checkpoints (step_<N>/trainer_state.json)
     newest_state: Callable[[Path], tuple[Path, dict] | None] | None = None
     # (config, <run>/checkpoints/<name>) -> why its newest checkpoint cannot resume under this config though
-    # the fingerprint agrees (NxD's ZeRO-1 optimizer state is cut by DP), or None; checked as resume_sections
+    # the fingerprint agrees (NxD's ZeRO-1 optimizer state is cut by DP), or None; checked when the workflow is
+    # parsed (train.resume true), and again by the backend's own command before it launches
     resume_refusal: Callable[[dict, Path], str | None] | None = None
 
     def rules_file(self) -> Path:

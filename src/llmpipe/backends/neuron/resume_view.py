@@ -20,8 +20,6 @@ import os
 import shutil
 from pathlib import Path
 
-import pyarrow as pa
-
 from llmpipe.backends.neuron.resume import complete_steps
 
 log = logging.getLogger(__name__)
@@ -43,10 +41,16 @@ def segments(rows: int, dp: int, micro: int, accum: int, step: int, max_steps: i
     return out
 
 
+def _table(path: Path):
+    """A view file's rows, memory-mapped (pyarrow imported here: the neuron commands import this module)."""
+    import pyarrow as pa
+
+    return pa.ipc.open_stream(pa.memory_map(str(path))).read_all()
+
+
 def _file_rows(folder: Path) -> list[tuple[str, int]]:
     state = json.loads((folder / "state.json").read_text())
-    names = [f["filename"] for f in state["_data_files"]]
-    return [(name, pa.ipc.open_stream(pa.memory_map(str(folder / name))).read_all().num_rows) for name in names]
+    return [(f["filename"], _table(folder / f["filename"]).num_rows) for f in state["_data_files"]]
 
 
 def _pieces(files: list[tuple[str, int]], part: range) -> list[tuple[str, int, int]]:
@@ -60,9 +64,12 @@ def _pieces(files: list[tuple[str, int]], part: range) -> list[tuple[str, int, i
     return out
 
 
-def write(train: Path, out: Path, parts: list[range]) -> None:
-    """A train split folder at `out` (datasets.load_from_disk reads it) holding `parts` of `train`'s rows."""
-    files = _file_rows(train)
+def write(train: Path, files: list[tuple[str, int]], out: Path, parts: list[range]) -> None:
+    """A train split folder at `out` (datasets.load_from_disk reads it) holding `parts` of `train`'s rows
+    (`files`: its data files and their rows, _file_rows)."""
+    import pyarrow as pa
+
+    rows_of = dict(files)
     for left in out.parent.glob(f".{out.name}.tmp-*"):  # of a killed earlier try
         shutil.rmtree(left)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
@@ -70,13 +77,13 @@ def write(train: Path, out: Path, parts: list[range]) -> None:
     listed = []
     for part in parts:
         for name, a, b in _pieces(files, part):
-            whole = (a, b) == (0, dict(files)[name])
+            whole = (a, b) == (0, rows_of[name])
             piece = name if whole else f"{Path(name).stem}-rows-{a}-{b}.arrow"
             if not (tmp / piece).exists():
                 if whole:
                     (tmp / piece).symlink_to((train / name).resolve())
                 else:
-                    table = pa.ipc.open_stream(pa.memory_map(str(train / name))).read_all().slice(a, b - a)
+                    table = _table(train / name).slice(a, b - a)
                     with open(tmp / piece, "wb") as fh, pa.ipc.new_stream(fh, table.schema) as writer:
                         writer.write_table(table, 1000)  # ArrowWriter's record batch size, as pack writes
             listed.append(piece)
@@ -110,9 +117,10 @@ def data_for(
     if not steps:
         return data
     train = data / "train"
-    parts = segments(sum(n for _, n in _file_rows(train)), dp, micro, accum, steps[-1], max_steps)
+    files = _file_rows(train)
+    parts = segments(sum(n for _, n in files), dp, micro, accum, steps[-1], max_steps)
     view = root / f"step_{steps[-1]}"
-    write(train, view / "train", parts)
+    write(train, files, view / "train", parts)
     log.info("resuming step_%d: the trainer reads %s, the rows after that step (rows %s)", steps[-1], view, _show(parts))
     return view
 
