@@ -16,7 +16,7 @@ import zstandard
 
 from llmpipe.data import stfile
 from llmpipe.data.get_data import get_data, read_sources
-from llmpipe.data.readers import limits, opener
+from llmpipe.data.readers import BadSource, limits, opener
 from llmpipe.data.readers.opener import SourceSizeChanged
 from llmpipe.data.token_store import main as token_store_main
 from llmpipe.data.tokenize import job_shards, num_jobs, shard_name, tokenize_job, tokenize_shard
@@ -245,3 +245,47 @@ def test_a_bad_line_held_or_streamed_gives_the_same_shard(tmp_path, tok, monkeyp
     ]
     assert read[0]["skipped_examples"] == read[1]["skipped_examples"] and "bad_json" in read[0]["skipped_examples"]
     assert (tmp_path / "alone.safetensors").read_bytes() == (tmp_path / "job" / shard_name(0)).read_bytes()
+
+
+@pytest.mark.parametrize("kind", ["pretty", "one_line", "pretty_gz"])
+@pytest.mark.parametrize("policy", ["skip", "fail"])
+def test_a_json_array_source_is_refused_alike_by_every_shard_and_grouping(tmp_path, tok, kind, policy):
+    """A JSON array beside a JSONL source, dealt record by record over 4 shards: every shard refuses the array
+    whichever of its records it keeps (read whole, line by line or strided, never cut into byte ranges), so
+    under skip the store is the same for one job of 4 shards and 4 jobs of 1, the array skipped once and no
+    line of it counted or kept; under fail every job stops naming it. Before, only the shard keeping record 0
+    saw the array: the others kept its last element and counted the rest as bad JSON."""
+    from llmpipe.data.cuts import cut_files
+
+    records = [{"text": f"array document number {i}"} for i in range(9)]
+    body = json.dumps(records) if kind == "one_line" else "[\n" + ",\n".join(map(json.dumps, records)) + "\n]\n"
+    array = tmp_path / ("corpus.json.gz" if kind.endswith("_gz") else "corpus.json")
+    array.write_bytes(gzip.compress(body.encode()) if kind.endswith("_gz") else body.encode())
+    good = tmp_path / "good.jsonl"
+    good.write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCS[:12]))
+    data = {"sources": [str(array), str(good)], "num_shards": 4, "on_bad_record": policy, "range_split_bytes": 1}
+    fingerprints = set()
+    for per_job in (4, 1):  # one job of 4 shards; 4 jobs of 1 (each strided over the plain files)
+        cfg = tiny_config(tmp_path, data={**data, "shards_per_job": per_job}, tokenizer={"source": tok})
+        assert cut_files(cfg["data"], cfg["data"]["sources"], {}) == [str(good)]  # the array is read whole
+        sources = tmp_path / f"sources-{per_job}.json"
+        get_data(cfg["data"], sources)
+        jobs = [tmp_path / f"tokens-{per_job}" / f"job-{j:05d}" for j in range(num_jobs(cfg["data"], n_sources=2))]
+        assert len(jobs) == 4 // per_job
+        if policy == "fail":
+            for j, folder in enumerate(jobs):
+                with pytest.raises(BadSource, match=rf"^{array}: is a JSON array, not JSON Lines"):
+                    tokenize_job(cfg, str(sources), j, tok, folder, 1)
+            continue
+        for j, folder in enumerate(jobs):
+            tokenize_job(cfg, str(sources), j, tok, folder, 1)
+        out = tmp_path / f"tokens-{per_job}" / "manifest.json"
+        token_store_main(["--shards", *map(str, jobs), "--sources", str(sources), "--out", str(out)])
+        manifest = json.loads(out.read_text())
+        read = manifest["read"]
+        assert read["sources_skipped"] == {"unreadable_source": 1} and read["skipped_total"] == 0, per_job
+        assert "is a JSON array" in read["sources_skipped_examples"]["unreadable_source"][str(array)]
+        kept = sum(manifest["totals"][s]["documents"] for s in ("train", "val"))
+        assert kept == read["documents"] == 12, per_job  # the JSONL source's documents only
+        fingerprints.add(manifest["fingerprint"])
+    assert len(fingerprints) == (1 if policy == "skip" else 0)

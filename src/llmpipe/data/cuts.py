@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 
 from llmpipe.data.readers import HF_PREFIX, JSONL_SUFFIXES, _compression
-from llmpipe.data.readers.jsonl import has_record, split_points
+from llmpipe.data.readers.jsonl import cuttable, has_record, split_points
 from llmpipe.data.sources import RECORD_BITS
 
-__all__ = ["cut_files", "has_record", "split_points", "splits"]
+__all__ = ["cut_files", "cuttable", "has_record", "split_points", "splits"]
 
 
 def splits(data_cfg: dict, sources: list[str], bad: dict) -> list[str]:
@@ -32,5 +32,6 @@ def splits(data_cfg: dict, sources: list[str], bad: dict) -> list[str]:
 
 def cut_files(data_cfg: dict, sources: list[str], bad: dict) -> list[str]:
     """The sources get-data cuts into byte ranges: splits() that hold a line not blank (a blank file is left
-    whole, so its readers name it empty). The DAG (tokenize grouping) and a mixture's count ask this too."""
-    return [s for s in splits(data_cfg, sources, bad) if has_record(s)[0]]
+    whole, so its readers name it empty) and do not start as an array (cuttable). The DAG (tokenize grouping)
+    and a mixture's count ask this too."""
+    return [s for s in splits(data_cfg, sources, bad) if cuttable(has_record(s)[0])]

@@ -21,12 +21,13 @@ from pathlib import Path
 
 from llmpipe import config as cfgmod
 from llmpipe.data import mixture
-from llmpipe.data.cuts import has_record, split_points, splits
+from llmpipe.data.cuts import cuttable, has_record, split_points, splits
 from llmpipe.data.readers import HF_PREFIX, BadSource, source_format, unsupported
 from llmpipe.data.sources import describe, expand_sources, local_stat, refuse_repeats, split_source
 from llmpipe.io import write_json
 
 log = logging.getLogger(__name__)
+CUT_RULES = 2  # which files cuts.cuttable cuts (2: not one starting as an array); a cached cut made by other rules is redone
 
 
 def unusable(source: str) -> str | None:
@@ -86,16 +87,16 @@ def get_data(data_cfg: dict, out: str | Path, threads: int = 1) -> dict:
         if entry["source"] not in split:
             continue
         seen, stat = known.get(entry["source"], {}), local_stat(entry["source"])
-        if seen.get("stat") == stat and seen.get("ranges", {}).get("shards") == n:
+        if seen.get("stat") == stat and seen.get("ranges", {}).get("shards") == n and seen.get("rules") == CUT_RULES:
             ranges = seen["ranges"]["at"]  # unchanged file, same shard count: the same cut
         else:  # reads up to the first record byte, then from each target to the next line end: counted
-            text, scanned[entry["source"]] = has_record(entry["source"])
-            if not text:  # a blank file is not cut: its readers name it (empty_source)
+            first, scanned[entry["source"]] = has_record(entry["source"])
+            if not cuttable(first):  # blank (its readers name it empty_source) or an array: read whole
                 continue
             ranges, more = split_points(entry["source"], n)
             scanned[entry["source"]] += more
             log.info("%s: %d bytes cut into %d byte ranges at line starts", entry["source"], entry["size"], n)
-        mine = local[entry["source"]] = {"stat": stat}
+        mine = local[entry["source"]] = {"stat": stat, "rules": CUT_RULES}
         if ranges[-1] != entry["size"]:
             raise BadSource("damaged_source", entry["source"], f"changed while get-data read it ({ranges[-1]} bytes)")
         entry["ranges"] = ranges  # the byte offset where each shard's range starts, then the end

@@ -19,9 +19,30 @@ def _json_array(url: str) -> BadSource:
     return BadSource("unreadable_source", url, "is a JSON array, not JSON Lines (one object per line; e.g. jq -c '.[]')")
 
 
-def _each_line(lines, keep, pos: list[int], lineno: int = 0) -> Iterator[tuple[int | None, object]]:
+def _array_check(url: str, text_field: str):
+    """The check of a source's first record line, made by every reader of the source whichever records it
+    keeps (so every shard, however grouped into jobs, refuses or skips the source alike): a line `[` (a
+    pretty-printed array) or one line parsing as an array of records raises _json_array."""
+
+    def check(raw) -> None:
+        if isinstance(raw, HugeLine) or raw.lstrip()[:1] != b"[":
+            return
+        if raw.strip() == b"[":
+            raise _json_array(url)
+        try:
+            record = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return  # a bad record, judged as such by the shard that keeps it
+        if isinstance(record, list) and any(isinstance(x, dict) and text_field in x for x in record[:8]):
+            raise _json_array(url)
+
+    return check
+
+
+def _each_line(lines, keep, pos: list[int], lineno: int = 0, first_record=None) -> Iterator[tuple[int | None, object]]:
     """(line number, raw line) per record of `lines` whose index `keep` accepts, else (None, 1).
-    pos: [lines, records] reached, kept up to date (error messages name them)."""
+    pos: [lines, records] reached, kept up to date (error messages name them); first_record(raw): called on the
+    source's first record, kept or not."""
     for raw in lines:
         lineno += 1
         pos[0] = lineno
@@ -36,6 +57,8 @@ def _each_line(lines, keep, pos: list[int], lineno: int = 0) -> Iterator[tuple[i
             if not raw or raw.isspace():  # blank, as `not raw.strip()` without copying the line
                 continue
         pos[1] += 1
+        if pos[1] == 1 and first_record is not None:
+            first_record(raw)
         if keep is not None and not keep(pos[1] - 1):
             yield None, 1
             continue
@@ -66,7 +89,7 @@ def _lf_lines(block: bytes, white):
     return starts, ends, record
 
 
-def _strided_lines(fh, keep, stride: tuple[int, int], pos: list[int]):
+def _strided_lines(fh, keep, stride: tuple[int, int], pos: list[int], first_record=None):
     """_each_line's records for a shard that keeps only indices i with i % n == shard (stride (shard, n)) of
     an uncompressed stream: line ends, blank lines and record indices come from numpy over each block of
     whole lines, so the other shards' records cost no Python per line; (None, k) stands for k records not
@@ -87,14 +110,14 @@ def _strided_lines(fh, keep, stride: tuple[int, int], pos: list[int]):
                 return
             if len(buf) > limits.HUGE_RECORD_BYTES:  # one line too long to hold: its record, if any, goes on as a stream
                 huge, buf = HugeLine(buf, fh, limits.STRIDE_BLOCK), bytearray()
-                yield from _each_line([huge], keep, pos, pos[0])
+                yield from _each_line([huge], keep, pos, pos[0], first_record)
                 buf += huge.finish()  # the bytes read past its end
                 first = False
             continue
         block = bytes(buf[:cut])
         del buf[:cut]
-        if first or b"\r" in block:
-            yield from _each_line(block.splitlines(keepends=True), keep, pos, pos[0])
+        if first or pos[1] == 0 or b"\r" in block:  # line by line up to the first record (first_record)
+            yield from _each_line(block.splitlines(keepends=True), keep, pos, pos[0], first_record)
             first = False
             continue
         starts, ends, record = _lf_lines(block, white)
@@ -146,9 +169,9 @@ def split_points(url: str, n: int) -> tuple[list[int], int]:
         return cuts + [size], read
 
 
-def has_record(url: str) -> tuple[bool, int]:
-    """(the file holds a line that is not blank, the bytes read to find out: up to its first such byte, in
-    reads growing from 256 bytes to CUT_READ)."""
+def has_record(url: str) -> tuple[bytes, int]:
+    """(the first byte of the file's first line that is not blank, b"" if none; the bytes read to find out: up
+    to that byte, in reads growing from 256 bytes to CUT_READ)."""
     read, block = 0, 256
     try:
         with opener._open_binary(url) as fh:
@@ -156,10 +179,17 @@ def has_record(url: str) -> tuple[bool, int]:
                 found = _TEXT.search(data, len(BOM) if read == 0 and data.startswith(BOM) else 0)
                 read, block = read + len(data), min(block * 2, CUT_READ)
                 if found:
-                    return True, read
+                    return found.group(), read
     except OSError:  # unreadable: not cut (its readers name it)
         pass
-    return False, read
+    return b"", read
+
+
+def cuttable(first: bytes) -> bool:
+    """Whether a file whose first record line starts with `first` (has_record) may be cut into byte ranges:
+    one holding a line, not an array's `[` (only the range at its start would see that line, and every shard
+    must refuse or skip such a source alike: _array_check)."""
+    return bool(first) and first != b"["
 
 
 CUT_READ = 1 << 16  # split_points' largest read: what it reads past a line end is less than this
@@ -199,7 +229,9 @@ class Where(str):
         return where
 
 
-def _offset_lines(ranged: _Bounded, part, keep, url: str, pos: list[int]) -> Iterator[tuple[Where | None, object]]:
+def _offset_lines(
+    ranged: _Bounded, part, keep, url: str, pos: list[int], first_record=None
+) -> Iterator[tuple[Where | None, object]]:
     """(location, raw line) per record of byte range `part` (sources.ByteRange, starting at a line start) read
     through `ranged`, or (None, 1) for one whose offset `keep` rejects; blank lines are no record. pos[0]: the
     offset of the line being read (errors)."""
@@ -217,6 +249,8 @@ def _offset_lines(ranged: _Bounded, part, keep, url: str, pos: list[int]) -> Ite
                 raw = raw[len(BOM) :]
             record = raw and not raw.isspace()
         if record:
+            if line_at == 0 and first_record is not None:  # only the range at the file's start holds it
+                first_record(raw)
             if keep is not None and not keep(line_at):
                 yield None, 1
             else:
@@ -244,12 +278,12 @@ def _jsonl(url: str, text_field: str, keep=None, stride=None, part=None, tally=N
     stride (shard, n): `keep` accepts only indices i with i % n == shard (an uncompressed file is then
     scanned by blocks, see _strided_lines). part (sources.ByteRange): read only those bytes of an
     uncompressed file, `keep` then taking each record's byte offset (its location a Where); `tally` counts the bytes."""
-    pos = [0, 0]
+    pos, first_record = [0, 0], _array_check(url, text_field)
     try:
         with opener._open_binary(url) as fh:
             if part is not None:
                 ranged = _byte_range(fh, url, part, tally if tally is not None else {})
-                lines = _offset_lines(ranged, part, keep, url, pos)
+                lines = _offset_lines(ranged, part, keep, url, pos, first_record)
             elif (
                 stride is not None
                 and stride[1] >= limits.STRIDE_MIN
@@ -257,22 +291,20 @@ def _jsonl(url: str, text_field: str, keep=None, stride=None, part=None, tally=N
                 and limits.STRIDED_SCAN
                 and not _compression(url)
             ):
-                lines = _strided_lines(fh, keep, stride, pos)
+                lines = _strided_lines(fh, keep, stride, pos, first_record)
             else:
-                lines = _each_line(_lines(fh), keep, pos)
+                lines = _each_line(_lines(fh), keep, pos, first_record=first_record)
             for lineno, raw in lines:
                 if lineno is None:
                     yield None, raw
                     continue
-                where, first = (lineno, lineno.offset == 0) if isinstance(lineno, Where) else (f"{url}:{lineno}", lineno == 1)
+                where = lineno if isinstance(lineno, Where) else f"{url}:{lineno}"
                 if isinstance(raw, HugeLine):
                     yield where, _huge_json(raw, text_field, where)
                     continue
                 try:
                     record = loads_json(raw)  # validates UTF-8 too
                 except orjson.JSONDecodeError as exc:
-                    if first and raw.strip() == b"[":  # a pretty-printed array
-                        raise _json_array(url) from None
                     try:
                         raw.decode("utf-8")
                     except UnicodeDecodeError as uexc:
@@ -280,8 +312,6 @@ def _jsonl(url: str, text_field: str, keep=None, stride=None, part=None, tally=N
                         continue
                     yield where, BadRecord("bad_json", where, f"not valid JSON ({exc.msg})")
                     continue
-                if first and isinstance(record, list) and any(isinstance(x, dict) and text_field in x for x in record[:8]):
-                    raise _json_array(url)
                 if not isinstance(record, dict) or text_field not in record:
                     yield where, BadRecord("missing_field", where, f"no '{text_field}' field")
                     continue
