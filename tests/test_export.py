@@ -128,3 +128,43 @@ def test_memory_is_bounded_by_the_largest_tensor(prepared, tmp_path):
     assert params * 4 > 5 * largest
     assert grew < 3 * largest, (grew / 1e6, largest / 1e6, params * 4 / 1e6)
     assert weights(tmp_path / "hf").keys() == weights(tmp_path / "big").keys()
+
+
+@pytest.mark.parametrize("saved_by", ["step", "save_pretrained"])
+def test_a_tied_model_exports_its_embedding_from_a_step_or_an_hf_folder(prepared, tmp_path, saved_by):
+    """Tied embeddings: a torch step checkpoint (safetensors' save_model keeps the tied pair under
+    lm_head.weight, the embedding's name in its metadata) and a save_pretrained folder (under the
+    embedding's name) both export the trained embedding: same weights and logits as the model. Before, a
+    step's export held neither name and loaded with a random embedding."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from llmpipe.backends.torch import checkpoint
+
+    config = AutoConfig.from_pretrained(prepared["init"], local_files_only=True)
+    config.tie_word_embeddings = True
+    torch.manual_seed(3)
+    model = AutoModelForCausalLM.from_config(config).float()
+    with torch.no_grad():  # away from any initial value: the export must carry these
+        model.get_input_embeddings().weight.normal_()
+    if saved_by == "step":
+        opt = torch.optim.AdamW(model.parameters())
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+        trained = checkpoint.save(tmp_path / "ckpt", 5, model, opt, sched, {}, keep=1)
+        assert "lm_head.weight" in load_file(trained / "model.safetensors")  # the name save_model keeps
+    else:
+        trained = tmp_path / "hf-saved"
+        model.save_pretrained(trained)
+    export_mod.export(trained, prepared["tokenizer"], tmp_path / "hf", "float32")
+    got = weights(tmp_path / "hf")
+    assert "lm_head.weight" not in got and torch.equal(got["model.embed_tokens.weight"], model.get_input_embeddings().weight)
+    ids = torch.tensor([[1, 5, 9, 2, 7]])
+    with torch.no_grad():
+        assert torch.allclose(logits(tmp_path / "hf", ids), model(ids).logits, atol=1e-5)
+    # with the embedding's tensor gone under every name: refused, nothing written
+    only = {k: v for k, v in load_file(tmp_path / "hf" / "model.safetensors").items() if k != "model.embed_tokens.weight"}
+    broken = tmp_path / "broken"
+    shutil.copytree(tmp_path / "hf", broken)
+    save_file(only, broken / "model.safetensors")
+    with pytest.raises(SystemExit, match="ties its embeddings but holds no model.embed_tokens.weight"):
+        export_mod.export(broken, prepared["tokenizer"], tmp_path / "out", "float32")
+    assert not (tmp_path / "out").exists()

@@ -4,6 +4,7 @@ uninterrupted run, and on another number of processes (2 -> 1, 1 -> 2); activati
 nothing but memory."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -30,6 +31,9 @@ def fsdp_one(prepared, tmp_path_factory):
 def test_fsdp_two_processes_match_one_and_ddp(prepared, fsdp_one, tmp_path):
     two, proc = run_train(prepared, tmp_path, "two", cfg_over=FSDP, nproc=2)
     assert "world 2 (FSDP2)" in proc.stderr and "grad accumulation 2" in proc.stderr
+    # the parameters logged are the model's, not one rank's shard times the processes (a DTensor's numel is whole)
+    counted = int(re.search(r"(\d+) parameters", proc.stderr).group(1))
+    assert counted == sum(t.numel() for t in load_file(str(fsdp_one / "final" / "model.safetensors")).values())
     one, two_recs = losses(fsdp_one), losses(two)
     assert len(one) == len(two_recs) == 12
     for r1, r2 in zip(one, two_recs):

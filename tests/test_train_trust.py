@@ -346,3 +346,38 @@ def test_tensorboard_after_a_resume_shows_each_step_once(tmp_path):
     assert run(0, [1, 2, 3, 4], lambda s: 10.0 + s) == [(1, 11.0), (2, 12.0), (3, 13.0), (4, 14.0)]
     assert run(2, [3, 4], lambda s: 20.0 + s) == [(1, 11.0), (2, 12.0), (3, 23.0), (4, 24.0)]
     assert run(0, [1], lambda s: 30.0 + s) == [(1, 31.0)]
+
+
+def test_a_step_saved_on_a_gpu_resumes_on_the_cpu(tmp_path, prepared, monkeypatch):
+    """optimizer.pt / scheduler.pt / rng.pt are loaded onto the CPU (each optimizer state then moves to its
+    parameter's device): a step saved from rank 0's GPU would otherwise load on that GPU in every DDP rank, and
+    on a host without one fail with a traceback. No GPU here: the step's files are saved again with their
+    storages tagged cuda:0, as a CUDA run writes them (a stand-in for a GPU-written file, not one)."""
+    import torch.serialization as ser
+    from transformers import AutoModelForCausalLM
+
+    from llmpipe.backends.torch import checkpoint as torch_ckpt
+
+    def built():
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_pretrained(prepared["init"], local_files_only=True)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        return model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (s + 1))
+
+    model, opt, sched = built()
+    model(torch.tensor([[1, 5, 9, 2]]), labels=torch.tensor([[1, 5, 9, 2]])).loss.backward()
+    opt.step(), sched.step()
+    step = torch_ckpt.save(tmp_path / "ck", 1, model, opt, sched, {"note": "x"}, keep=1)
+    with monkeypatch.context() as m:  # what rank 0 on cuda:0 writes
+        m.setattr(ser, "location_tag", lambda storage: "cuda:0")
+        for name in ("optimizer.pt", "scheduler.pt", "rng.pt"):
+            torch.save(torch.load(step / name, weights_only=True), step / name)
+    with pytest.raises(RuntimeError, match="CUDA"):  # the file stands in for a GPU's: a plain load fails here
+        torch.load(step / "optimizer.pt", weights_only=True)
+    fresh, fresh_opt, fresh_sched = built()
+    assert torch_ckpt.load(step, fresh, fresh_opt, fresh_sched)["step"] == 1
+    saved, loaded = opt.state_dict()["state"], fresh_opt.state_dict()["state"]
+    assert saved.keys() == loaded.keys() and all(
+        torch.equal(saved[k]["exp_avg"], loaded[k]["exp_avg"]) and loaded[k]["exp_avg"].device.type == "cpu" for k in saved
+    )
+    assert fresh_sched.state_dict()["last_epoch"] == sched.state_dict()["last_epoch"] == 1

@@ -28,6 +28,7 @@ from llmpipe.model.safetensors_out import (
 )
 
 log = logging.getLogger(__name__)
+EMBEDDING = "model.embed_tokens.weight"  # a Llama-family model's input embedding
 
 
 def check_tokenizer(trained: str | Path, tokenizer_dir: str | Path, manifest: str | Path | None) -> None:
@@ -50,12 +51,17 @@ def weight_files(folder: Path) -> list[Path] | None:
 
 
 def tensors_of(files: list[Path], skip) -> dict[str, tuple[Path, int, str, tuple]]:
-    """name -> (file, data offset, safetensors dtype, shape) of each tensor, from the files' headers only."""
+    """name -> (file, data offset, safetensors dtype, shape) of each tensor, from the files' headers only. A name
+    the file's metadata maps to a tensor it holds (safetensors' save_model keeps one name of tied weights, the
+    first in sorted order: a tied Llama's lm_head.weight, its embedding's name left in the metadata) reads
+    that tensor."""
     out = {}
     for path in files:
         header, base = stfile.header(path)
-        for name, info in header.items():
-            if name != "__metadata__" and not skip(name):
+        meta = header.get("__metadata__") or {}
+        aliases = {name: kept for name, kept in meta.items() if name not in header and kept in header and kept != "__metadata__"}
+        for name, info in [*header.items(), *((a, header[kept]) for a, kept in aliases.items())]:
+            if name != "__metadata__" and not skip(name) and name not in out:
                 if info["dtype"] not in READ_DTYPES:
                     raise ValueError(f"{path}: tensor {name} is {info['dtype']}, not a float weight")
                 out[name] = (path, base + info["data_offsets"][0], info["dtype"], tuple(info["shape"]))
@@ -93,7 +99,9 @@ def export(
     config = AutoConfig.from_pretrained(trained, trust_remote_code=False, local_files_only=True)
     tied = bool(getattr(config, "tie_word_embeddings", False))
     found = tensors_of(files, lambda n: not_weight(n) or (tied and n == "lm_head.weight"))
-    rows = found["model.embed_tokens.weight"][3][0] if "model.embed_tokens.weight" in found else config.vocab_size
+    if tied and EMBEDDING not in found:  # written without it, the tied model would load a random embedding
+        raise SystemExit(f"llmpipe export: --trained {trained} ties its embeddings but holds no {EMBEDDING} (nor a name for it)")
+    rows = found[EMBEDDING][3][0] if EMBEDDING in found else config.vocab_size
     check_rows(rows, len(load_tokenizer(tokenizer_dir)), tokenizer_dir, trained)
     torch_dtype, bad = DTYPES[dtype], []
 

@@ -31,5 +31,6 @@ def main(argv: list[str] | None = None) -> None:
         problem = changed_inputs(root, Path(args.init), Path(args.data), args.run)
         if problem:
             raise SystemExit(f"llmpipe resume-check: {problem}")
+    # the newest complete step; the trainer verifies its checksums (newest_intact) and falls back if damaged
     found = None if args.no_resume else newest_state(root)
     write_json(args.out, {"resume_from": found[0].name if found else None})

@@ -47,7 +47,9 @@ def load(path: Path, model, optimizer, scheduler) -> dict:
     """Restore everything saved by `save` (tensors only: weights_only=True) and return the trainer state."""
     load_model(model, str(path / "model.safetensors"), strict=True)
     with kernel_kept(optimizer):
-        optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+        # on the CPU: saved from rank 0's GPU, it would otherwise load on that GPU in every rank (load_state_dict
+        # moves each state to its parameter's device)
+        optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True))
     return _load_rest(path, scheduler)
 
 
@@ -71,11 +73,12 @@ def _published(root: Path, target: Path, step: int, keep: int, how: str) -> None
 
 def _load_rest(folder: Path, scheduler) -> dict:
     """What _seal wrote: the scheduler and RNG restored, the trainer state returned."""
-    scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=True))
-    rng = torch.load(folder / "rng.pt", weights_only=True)
+    scheduler.load_state_dict(torch.load(folder / "scheduler.pt", map_location="cpu", weights_only=True))
+    rng = torch.load(folder / "rng.pt", map_location="cpu", weights_only=True)
     torch.set_rng_state(rng["cpu"])
-    if "cuda" in rng and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(rng["cuda"])
+    if "cuda" in rng and torch.cuda.is_available():  # as many GPUs as both the saving host and this one see
+        for device, state in enumerate(rng["cuda"][: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(state, device)
     return json.loads((folder / "trainer_state.json").read_text())
 
 

@@ -210,7 +210,7 @@ class Trainer:
                 self.accum,
                 self.t["global_batch_size"],
                 self.amp or "fp32",
-                sum(p.numel() for p in self.model.parameters()) * (self.env.world if self.shard else 1),
+                sum(p.numel() for p in self.model.parameters()),  # an FSDP2 DTensor's numel is its full size
                 "on" if self.masking else "off",
                 self.attention,
                 ("on" if self.compile else "off") + (" (auto)" if self.t["compile"] == "auto" else ""),
