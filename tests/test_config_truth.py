@@ -182,3 +182,12 @@ def test_plugged_in_backend_runs_through_export(tmp_path, plugin_env):
     assert (final / "model.safetensors").read_bytes() == (init / "model.safetensors").read_bytes()
     exported = json.loads((run / "hf" / "config.json").read_text())
     assert exported["hidden_size"] == 32 and exported["num_hidden_layers"] == 1
+
+
+def test_cli_help_goes_to_stdout_and_a_mistyped_command_is_named():
+    """`llmpipe --help | less` shows the commands; a mistyped command is named, with the nearest one."""
+    run = [sys.executable, "-m", "llmpipe"]
+    helped = subprocess.run([*run, "--help"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert helped.returncode == 0 and "\n  doctor\n" in helped.stdout and not helped.stderr
+    typo = subprocess.run([*run, "doctr", "--profile", "local"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert typo.returncode == 2 and "llmpipe: unknown command 'doctr' (did you mean 'doctor'?)" in typo.stderr

@@ -431,6 +431,16 @@ def test_more_training_processes_than_gres_gpus_is_refused(tmp_path):
     assert profiles.gpu_problem("neuron", 32, "gpu:2") is None  # NeuronCores are not gres GPUs here
 
 
+@pytest.mark.parametrize("gres", ["gpu:8", "gpu:a100:8", "gpu:nvidia_a100-sxm4-80gb:8"])
+def test_gres_gpu_types_with_hyphens_are_accepted_and_counted(gres):
+    """Slurm GPU type names often hold hyphens (gres.conf Type=nvidia_a100-sxm4-80gb): the schema takes them
+    as the GPU count reads them."""
+    assert cfgmod.load({"resources": {"train": {"gres": gres}}})["resources"]["train"]["gres"] == gres
+    assert profiles.gres_gpus(gres) == 8
+    with pytest.raises(cfgmod.ConfigError, match="resources.train.gres"):
+        cfgmod.load({"resources": {"train": {"gres": "gpu:a100 8"}}})
+
+
 def test_cluster_profiles_group_a_shard_per_tokenize_thread():
     """A profile giving tokenize jobs N threads (set-threads) sets data.min_shards_per_job N in its
     llmpipe.yaml, so jobs whose shards read apart fill their threads (one setting each, kept equal here)."""

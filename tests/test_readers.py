@@ -39,6 +39,22 @@ def test_brace_expansion_keeps_order(tmp_path, docs):
     assert list(iter_documents(data_cfg([tmp_path / "train.{3,1}.jsonl"]))) == [docs[2], docs[0]]
 
 
+def test_a_literal_name_with_glob_characters_and_hidden_files(tmp_path, docs):
+    """A file whose name holds glob characters is found by that name; a glob leaves hidden files out (macOS's
+    `._x.jsonl`, a `.cache/` folder under `**`), as the shell and Python's glob do, unless it names the dot."""
+    for name in ("book [vol 1].jsonl", "what?.jsonl", "a.jsonl", "._a.jsonl"):
+        write_jsonl(tmp_path / name, docs[:1])
+    (tmp_path / ".cache").mkdir()
+    write_jsonl(tmp_path / ".cache" / "b.jsonl", docs[:1])
+    t = str(tmp_path)
+    assert expand_sources([f"{t}/book [vol 1].jsonl"]) == [f"{t}/book [vol 1].jsonl"]
+    assert expand_sources([f"{t}/what?.jsonl"]) == [f"{t}/what?.jsonl"]
+    assert expand_sources([f"{t}/*.jsonl"]) == [f"{t}/a.jsonl", f"{t}/book [vol 1].jsonl", f"{t}/what?.jsonl"]
+    assert expand_sources([f"{t}/**/*.jsonl"]) == [f"{t}/a.jsonl", f"{t}/book [vol 1].jsonl", f"{t}/what?.jsonl"]
+    assert expand_sources([f"{t}/.*.jsonl"]) == [f"{t}/._a.jsonl"]
+    assert expand_sources([f"{t}/.cache/*.jsonl"]) == [f"{t}/.cache/b.jsonl"]
+
+
 def test_text_field_and_plain_text_modes(tmp_path, docs):
     (tmp_path / "a.jsonl").write_text(json.dumps({"body": docs[0]}) + "\n")
     assert list(iter_documents(data_cfg([tmp_path / "a.jsonl"], text_field="body"))) == docs[:1]

@@ -404,6 +404,27 @@ def test_a_file_listed_twice_is_refused_naming_both_spellings(tmp_path, docs):
     assert r.stderr.strip().splitlines()[-1].startswith(f"llmpipe get-data: error: data.sources names {a} twice")
 
 
+def test_a_local_hf_folder_named_twice_or_beside_its_own_file_is_refused(tmp_path, docs, monkeypatch):
+    """A local hf: folder under two spellings, or listed with a data file inside it: read twice, refused as a
+    file listed twice is. Two folders (and a Hub id, never looked for on disk) pass."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("ds", "other"):
+        (tmp_path / name).mkdir()
+        pq.write_table(pa.table({"text": docs[:3]}), tmp_path / name / "train.parquet")
+    real = str(tmp_path / "ds")
+    for sources in (["hf:ds", f"hf:{tmp_path}/ds/"], ["hf:ds", "hf:other/../ds"]):
+        with pytest.raises(ValueError, match=rf"data.sources names hf:{real} twice"):
+            refuse_repeats(sources)
+    with pytest.raises(ValueError, match=rf"names {real}/train.parquet twice .*one file read by both: hf:{real} and"):
+        refuse_repeats(["hf:ds", "ds/train.parquet"])
+    with pytest.raises(ValueError, match="one file read by both"):
+        refuse_repeats(["ds/train.parquet", "hf:ds"])
+    refuse_repeats(["hf:ds", "hf:other", "hf:someone/dataset"])
+
+
 def test_skipped_source_counted_once_in_the_store(tmp_path, docs):
     """Every shard reads every source when sources < shards: the damaged one is counted once in the manifest."""
     from llmpipe.data.token_store import build_manifest

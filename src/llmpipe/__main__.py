@@ -67,8 +67,15 @@ def main(argv: list[str] | None = None) -> None:
     if argv and argv[0] in RENAMED:
         sys.exit(f"llmpipe {argv[0]}: renamed to `llmpipe {RENAMED[argv[0]]}` (backend commands are <backend>-<step>)")
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in table:
-        print(__doc__ + "\n\ncommands:\n" + "\n".join(f"  {c}" for c in table), file=sys.stderr)
-        sys.exit(0 if argv and argv[0] in ("-h", "--help") else 2)
+        asked = bool(argv) and argv[0] in ("-h", "--help")  # help asked for: stdout (`llmpipe --help | less`)
+        out = sys.stdout if asked else sys.stderr
+        print(__doc__ + "\n\ncommands:\n" + "\n".join(f"  {c}" for c in table), file=out)
+        if argv and not asked:
+            import difflib
+
+            near = difflib.get_close_matches(argv[0], list(table), n=1)
+            print(f"llmpipe: unknown command {argv[0]!r}" + (f" (did you mean {near[0]!r}?)" if near else ""), file=sys.stderr)
+        sys.exit(0 if asked else 2)
     fail_once(argv[0])
     if argv[0] in NO_BLAS_COMMANDS:
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy's import; a user's own value stands

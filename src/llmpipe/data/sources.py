@@ -42,8 +42,8 @@ def _glob(pattern: str) -> list[str]:
     fs, path = fsspec.core.url_to_fs(pattern)
     protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
     local = protocol in ("file", "local")
-    if any(c in path for c in "*?["):
-        found = sorted(fs.glob(path))
+    if any(c in path for c in "*?[") and not (local and fs.isfile(path)):  # a file named `a [1].jsonl` is itself
+        found = sorted(m for m in fs.glob(path) if not _hidden(m, path))
     else:
         found = [path] if fs.exists(path) else []
     if not local:
@@ -51,6 +51,21 @@ def _glob(pattern: str) -> list[str]:
     elif not pattern.startswith("file://"):
         found = [os.path.relpath(p) if not os.path.isabs(pattern) else p for p in found]
     return found
+
+
+def _hidden(match: str, pattern: str) -> bool:
+    """A match whose name (or a folder of it) begins with `.` where the pattern's glob matched it: hidden files
+    such as macOS's `._x.jsonl` are left out, as the shell and Python's glob leave them (fsspec's `*` takes
+    them); a pattern naming the dot itself (`data/.cache/*.jsonl`, `.*.jsonl`) keeps them."""
+    glob_at = min(pattern.find(c) for c in "*?[" if c in pattern)
+    base = pattern[: pattern.rfind("/", 0, glob_at) + 1]
+    if not match.startswith(base):
+        return False
+    asked = pattern[len(base) :].split("/")
+    return any(
+        part.startswith(".") and part not in (".", "..") and part not in asked and not any(a.startswith(".") for a in asked)
+        for part in match[len(base) :].split("/")
+    )
 
 
 def expand_sources(sources: list[str]) -> list[str]:
@@ -70,10 +85,22 @@ def expand_sources(sources: list[str]) -> list[str]:
 
 def same_file(source: str) -> str:
     """What a source is, whatever its spelling: a local file's real path (file:// URL, relative, `..`,
-    symlink), else the name as given (a remote URL, an hf: dataset)."""
-    if source.startswith(HF_PREFIX) or "://" in source and not source.startswith("file://"):
+    symlink), a local hf: folder's real path, else the name as given (a remote URL, a Hub dataset)."""
+    if source.startswith(HF_PREFIX):
+        folder = source[len(HF_PREFIX) :]
+        return HF_PREFIX + os.path.realpath(folder) if os.path.isdir(folder) else source
+    if "://" in source and not source.startswith("file://"):
         return source
     return os.path.realpath(source.removeprefix("file://"))
+
+
+def _local_files(path: str) -> list[str]:
+    """The files a local source reads: itself, or every file under a local hf: folder."""
+    if not path.startswith(HF_PREFIX):
+        return [path]
+    if not os.path.isdir(folder := path[len(HF_PREFIX) :]):
+        return []  # a Hub dataset
+    return [os.path.join(d, f) for d, _, names in os.walk(folder) for f in names]
 
 
 def refuse_repeats(sources: list[str]) -> None:
@@ -83,15 +110,20 @@ def refuse_repeats(sources: list[str]) -> None:
     seen: dict[object, int] = {}  # file (real path; device and inode) -> position of its first spelling
     for i, s in enumerate(sources):
         path = same_file(s)
-        keys = [path]
-        if not (s.startswith(HF_PREFIX) or "://" in s and not s.startswith("file://")):  # local: its inode too (hard links)
-            with contextlib.suppress(OSError):
-                st = os.stat(path)
-                keys.append((st.st_dev, st.st_ino))
-        for key in keys:
+        keys: list[object] = [path]
+        if "://" not in s or s.startswith("file://"):  # local: its inodes too (hard links; a file inside an hf: folder)
+            for name in _local_files(path):
+                with contextlib.suppress(OSError):
+                    st = os.stat(name)
+                    keys.append((st.st_dev, st.st_ino))
+        for key in dict.fromkeys(keys):
             first = sources[seen.setdefault(key, i)]
             if seen[key] != i:
-                how = "" if key == path else f" (hard links to one file: {same_file(first)} and {path})"
+                pair = f"{same_file(first)} and {path}"
+                inside = first.startswith(HF_PREFIX) or s.startswith(HF_PREFIX)
+                how = (
+                    "" if key == path else f" (one file read by both: {pair})" if inside else f" (hard links to one file: {pair})"
+                )
                 raise ValueError(
                     f"data.sources names {path} twice ({first!r} and {s!r}){how}: its documents would be read twice "
                     "and could land in both train and val; list each file once"
