@@ -248,3 +248,19 @@ def test_a_whole_model_step_with_too_little_memory_is_named():
     assert doctor.memory(config.validate({"preset": "llama-2-7b-trn1"}, whole=False), spec, 6_738_415_616) == []
     trn2 = profiles.profile_settings(profiles.profile_dir("slurm-trn2"))
     assert doctor.memory(config.validate({}, whole=False), trn2, 70_553_706_496) == []
+
+
+def test_the_check_before_the_first_job_names_memory_and_checkpoint_disk_too(tmp_path, capsys):
+    """doctor --quick (the onstart hook of a non-dry snakemake) counts the parameters from the config (no
+    plan, no download): the whole-model steps' memory and the checkpoints' disk are checked before any job,
+    as the full doctor checks them."""
+    over = ["--profile", "slurm-trn1", "--config", "preset=llama-3-70b-trn1", f"results_dir={tmp_path}/r"]
+    lines = {}
+    for how in ([], ["--quick"]):
+        with pytest.raises(SystemExit):
+            doctor.main([*how, *over])
+        lines[bool(how)] = capsys.readouterr().out.splitlines()
+    memory = [line for line in lines[True] if line.startswith("memory:")]
+    assert memory == [line for line in lines[False] if line.startswith("memory:")] and "70.6 B parameters" in memory[0]
+    (disk,) = [line for line in lines[True] if line.startswith("disk:")]
+    assert float(disk.split("about ")[1].split(" GiB")[0]) > 12 * 70.5e9 * 3 / 2**30  # three steps' weights + moments

@@ -318,11 +318,23 @@ def disk_needed(cfg: dict, tokens: int | None, params: int | None) -> int:
     return data + model
 
 
+def _config_parameters(cfg: dict) -> int | None:
+    """The model's parameters from the config alone (its sizes and vocabulary, or a downloaded base's
+    config.json), as the plan counts them; None where that needs a tokenizer not there yet."""
+    from llmpipe.plan.arithmetic import parameters
+    from llmpipe.plan.inputs import shape_from_config
+
+    try:
+        return parameters(shape_from_config(cfg, None)[0])
+    except (OSError, ValueError):
+        return None
+
+
 def _sizes(cfg: dict, quick: bool) -> tuple[int, int | None]:
     """(tokens the run stores, model parameters or None): the plan's, or without it (quick, or no plan yet)
-    the sources' text bytes / 2 and no parameter count."""
+    the sources' text bytes / 2 and the parameters the config gives (the hook before a run's first job)."""
     if quick:
-        return _text_bytes(cfg) // 2, None  # >= 2 text bytes a token
+        return _text_bytes(cfg) // 2, _config_parameters(cfg)  # >= 2 text bytes a token
     from llmpipe.plan import cli as plan
 
     try:
