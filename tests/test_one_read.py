@@ -198,6 +198,50 @@ def test_a_job_fits_an_open_files_limit_of_1024(tmp_path, tok, threads):
     assert json.loads((job / "read.json").read_text())["bytes_read"] == {source: Path(source).stat().st_size}
 
 
+def test_pack_and_verify_of_1200_shards_fit_an_open_files_limit_of_1024(tmp_path, tok):
+    """pack (hf with segment ids, litgpt, megatron) and verify of a store of 1200 shards, in a process with the
+    common soft limit of 1024 open files: a split stream keeps at most token_store.MAPS_OPEN shards mapped (a
+    map holds a descriptor) and verify as many open (before: pack hf held 2 a shard, litgpt and verify 1 a
+    shard, and failed with 'Too many open files' from about 450 / 900 shards)."""
+    import subprocess
+    import sys
+
+    shards = 1200
+    source = tmp_path / "many.jsonl"  # a document for every shard's train split
+    source.write_text("".join(json.dumps({"text": f"document {i}: " + DOCS[i % len(DOCS)][:200]}) + "\n" for i in range(1400)))
+    cfg = tiny_config(tmp_path, data={"sources": [str(source)], "num_shards": shards, "views": ["hf", "litgpt", "megatron"]})
+    cfg["tokenizer"]["source"] = str(tok)
+    sources = tmp_path / "sources.json"
+    get_data(cfg["data"], sources)
+    job = tmp_path / "tokens" / "job-00000"
+    tokenize_job(cfg, str(sources), 0, tok, job, 1, per_job=shards)
+    manifest = tmp_path / "tokens" / "manifest.json"
+    token_store_main(["--shards", str(job), "--sources", str(sources), "--out", str(manifest)])
+    script = (
+        "import json, resource, sys\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (1024, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))\n"
+        "from pathlib import Path\n"
+        "from llmpipe.data.pack_views import build_view\n"
+        "from llmpipe.data.verify import verify\n"
+        "cfg, manifest, tok, sources, out = json.loads(sys.argv[1])\n"
+        "views = [Path(out) / f for f in ('hf', 'litgpt', 'megatron')]\n"
+        "for view in views:\n"
+        "    build_view(manifest, view.name, view, cfg, tok)\n"
+        "verify(manifest, views, Path(tok), Path(sources), cfg['data'], Path(out) / 'verify.json', 2)\n"
+    )
+    args = json.dumps([cfg, str(manifest), str(tok), str(sources), str(tmp_path)])
+    proc = subprocess.run([sys.executable, "-c", script, args], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    stored = json.loads(manifest.read_text())
+    assert len(stored["shards"]) == shards and sum(1 for e in stored["shards"] if e["counts"]["train"]["tokens"]) > 1000
+    report = json.loads((tmp_path / "verify.json").read_text())
+    assert set(report["views"]) == {"hf", "litgpt", "megatron"}
+    assert (
+        report["views"]["hf"]["conservation"]["train"]["rows"]
+        == json.loads((tmp_path / "hf" / "view.json").read_text())["train"]["rows"]
+    )
+
+
 def test_a_worker_failure_stops_the_job_naming_it(tmp_path, tok, monkeypatch):
     cfg, _ = _setup(tmp_path, "jsonl")
     cfg["data"]["on_bad_record"] = "fail"

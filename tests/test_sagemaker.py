@@ -868,3 +868,66 @@ def test_job_names_fit_aws_limits_for_every_attempt():
             name = job_name("llmpipe", run, "0123456789", attempt)
             assert len(name) <= 63 and regex.fullmatch(pattern, name), name
             assert name.endswith("-0123456789" + (f"-r{attempt}" if attempt > 1 else ""))
+
+
+def test_a_job_still_stopping_is_waited_for_then_followed_by_the_next_attempt(tmp_path):
+    """A rerun right after Ctrl-C finds the job Stopping: it waits until it has stopped, then creates the next
+    attempt (which resumes), as the interrupt's message says; before, it attached and ended on 'Stopped'."""
+    request = jobs.build_request(sm_config(tmp_path), ONE_CHANNEL)
+    name = request["TrainingJobName"]
+    client, stub = stubbed()
+    for status in ("Stopping", "Stopping", "Stopped"):
+        stub.add_response("describe_training_job", described(name, status, status), {"TrainingJobName": name})
+    no_job(stub, f"{name}-r2")
+    stub.add_response(
+        "create_training_job",
+        {"TrainingJobArn": "arn:aws:sagemaker:us-east-1:1:training-job/x"},
+        {**request, "TrainingJobName": f"{name}-r2"},
+    )
+    naps = []
+    with stub:
+        got = jobs.create_or_attach(client, request, max_attempts=3, sleep=naps.append, poll_s=7)
+    stub.assert_no_pending_responses()
+    assert got == (f"{name}-r2", True) and naps == [7, 7]
+
+
+def test_logs_the_role_may_not_read_end_the_copying_not_the_wait(tmp_path, caplog):
+    """A role without logs:DescribeLogStreams: one warning naming the permission and the way out, then the job
+    is still watched to its end (before: a traceback right after the job was created, the job left billing)."""
+    logs = boto3.client("logs", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
+    client, stub = stubbed()
+    name = "llmpipe-t-0123456789"
+    with Stubber(logs) as logs_stub:
+        logs_stub.add_client_error(
+            "describe_log_streams", "AccessDeniedException", "not authorized to perform logs:DescribeLogStreams"
+        )
+        for status in ("InProgress", "Completed"):
+            stub.add_response("describe_training_job", described(name, status, status), {"TrainingJobName": name})
+        tail = jobs.LogTail(logs, name, lambda stream, line: None)
+        with stub:
+            desc = jobs.wait(client, name, 100, 0, tail, sleep=lambda s: None)
+        stub.assert_no_pending_responses()
+    assert desc["TrainingJobStatus"] == "Completed" and tail.off
+    warned = [r.getMessage() for r in caplog.records if "CloudWatch" in r.getMessage()]
+    assert len(warned) == 1 and "AccessDeniedException" in warned[0] and "sagemaker.tail_logs: false" in warned[0]
+
+
+def test_the_artifacts_last_model_is_taken_final_else_the_highest_step(tmp_path):
+    """lit-gpt's pretrain saves out/step-N/ every interval and out/final/ at its end: the final one is
+    converted (before: whichever the file system listed first); without it the highest step; models at one
+    depth that nothing tells apart are refused, named."""
+
+    def model(*parts):
+        f = tmp_path.joinpath(*parts)
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_bytes(b"x")
+        return f
+
+    steps = [model("out", f"step-{n:08d}", "lit_model.pth") for n in (900, 1000, 200)]
+    assert jobs.last_saved(steps) == steps[1]
+    final = model("out", "final", "lit_model.pth")
+    assert jobs.last_saved([*steps, final]) == final
+    assert jobs.last_saved([*steps, model("deep", "er", "x", "lit_model.pth")]) == steps[1]  # the shallowest first
+    with pytest.raises(jobs.JobError, match="2 models and none is final or numbered apart"):
+        jobs.last_saved([model("a", "lit_model.pth"), model("b", "lit_model.pth")])
+    assert jobs.last_saved([]) is None

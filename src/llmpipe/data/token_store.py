@@ -11,6 +11,8 @@ import argparse
 import hashlib
 import json
 import logging
+import threading
+from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
@@ -105,14 +107,44 @@ def build_manifest(
     return manifest
 
 
+MAPS_OPEN = 128  # shard tensors a stream keeps memory-mapped at once: each map holds a file descriptor
+
+
+class ShardMaps:
+    """Tensor `name` of each shard file as a read-only memory map (stfile.memmap: ~3x cheaper a slice than
+    safe_open), mapped when first asked and kept for the MAPS_OPEN most recently asked, so the open files stay
+    bounded whatever the shard count (10,000 shards would pass a 1024 open-files limit); `trim` drops the
+    last `trim` elements (an offsets tensor's end). Thread-safe (pack makes batches on several threads)."""
+
+    def __init__(self, paths: list[Path], name: str, trim: int = 0):
+        self.paths, self.name, self.trim = paths, name, trim
+        self.sizes = [stfile.header(p)[0][name]["shape"][0] - trim for p in paths]
+        self._open: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        with self._lock:
+            got = self._open.pop(i, None)
+            if got is None:
+                got = stfile.memmap(self.paths[i], self.name)
+                got = got[: got.size - self.trim] if self.trim else got
+                while len(self._open) >= MAPS_OPEN:  # closed once no slice of it is left
+                    self._open.popitem(last=False)
+            self._open[i] = got
+            return got
+
+
 class SplitStream:
     """One split's token stream: every shard's tokens, in manifest order, as one random-access array."""
 
     def __init__(self, root: Path, files: list[str], split: str):
         self.split, self._paths = split, [root / f for f in files]
-        self._tokens = [stfile.memmap(p, f"{split}.tokens") for p in self._paths]  # ~3x cheaper a slice than safe_open
-        self.dtype = self._tokens[0].dtype if self._tokens else np.dtype(np.uint16)
-        self.starts = np.concatenate([[0], np.cumsum([t.size for t in self._tokens])]).astype(np.int64)
+        self._tokens = ShardMaps(self._paths, f"{split}.tokens")
+        self.dtype = self._tokens[0].dtype if self._paths else np.dtype(np.uint16)
+        self.starts = np.concatenate([[0], np.cumsum(self._tokens.sizes)]).astype(np.int64)
         self.size = int(self.starts[-1])
 
     def read(self, a: int, b: int) -> np.ndarray:
@@ -154,12 +186,13 @@ class SplitStream:
 
     def doc_starts(self) -> np.ndarray:
         """Stream positions where each document begins (all shards), in memory (8 bytes a document)."""
-        parts = [stfile.memmap(p, f"{self.split}.offsets")[:-1] + base for p, base in zip(self._paths, self.starts)]
+        offsets = ShardMaps(self._paths, f"{self.split}.offsets", trim=1)
+        parts = [offsets[i] + base for i, base in enumerate(self.starts[: len(offsets)].tolist())]
         return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
     def lazy_doc_starts(self) -> DocStarts:
         """doc_starts() answered from the shards' memory-mapped offsets: no array of every document (pack)."""
-        return DocStarts([stfile.memmap(p, f"{self.split}.offsets")[:-1] for p in self._paths], self.starts)
+        return DocStarts(ShardMaps(self._paths, f"{self.split}.offsets", trim=1), self.starts)
 
 
 class DocStarts:
@@ -167,9 +200,10 @@ class DocStarts:
     never concatenated: what pack asks of them (searchsorted, indexing, size) per batch, so its memory does
     not grow with the number of documents (an array of them all was 8 bytes a document, 16 while built)."""
 
-    def __init__(self, offsets: list[np.ndarray], bases: np.ndarray):
+    def __init__(self, offsets: ShardMaps | list[np.ndarray], bases: np.ndarray):
         self.offsets, self.bases = offsets, np.asarray(bases[: len(offsets)], np.int64)
-        self.before = np.concatenate([[0], np.cumsum([o.size for o in offsets])]).astype(np.int64)
+        sizes = offsets.sizes if isinstance(offsets, ShardMaps) else [o.size for o in offsets]
+        self.before = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         self.size = int(self.before[-1])
 
     def searchsorted(self, v, side: str = "left") -> np.ndarray:

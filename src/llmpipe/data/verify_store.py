@@ -10,6 +10,7 @@ import hashlib
 import json
 import logging
 import os
+from collections import OrderedDict
 from itertools import islice
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import numpy as np
 from llmpipe.data import mixture, stfile
 from llmpipe.data.readers import ReadStats, documents
 from llmpipe.data.sources import assign, doc_id
-from llmpipe.data.token_store import SPLITS, TokenStore, fingerprint_part
+from llmpipe.data.token_store import MAPS_OPEN, SPLITS, TokenStore, fingerprint_part
 
 log = logging.getLogger(__name__)
 
@@ -61,17 +62,35 @@ def _st_header(path: Path) -> tuple[dict, int]:
         raise VerifyError(str(exc)) from None
 
 
+_OPEN: OrderedDict[int, _Shard] = OrderedDict()  # shards with an open file, the least recently read first
+
+
 class _Shard:
-    """One store shard's tensors, read with pread."""
+    """One store shard's tensors, read with pread. Its file is opened when first read and stays open while it is
+    among the MAPS_OPEN shards read last (token_store.ShardMaps' bound): a store of any shard count verifies
+    within a 1024 open-files limit."""
 
     def __init__(self, path: Path):
         self.path = path
         self.header, self.base = _st_header(path)
         self.meta = self.header.get("__metadata__", {})
-        self.fd = os.open(path, os.O_RDONLY)
+        self._fd: int | None = None
+
+    @property
+    def fd(self) -> int:
+        _OPEN.pop(id(self), None)
+        if self._fd is None:
+            while len(_OPEN) >= MAPS_OPEN:
+                _OPEN.popitem(last=False)[1].close()
+            self._fd = os.open(self.path, os.O_RDONLY)
+        _OPEN[id(self)] = self
+        return self._fd
 
     def close(self) -> None:
-        os.close(self.fd)
+        _OPEN.pop(id(self), None)
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
     def info(self, name: str) -> tuple[np.dtype, int, int]:
         """(dtype, elements, byte offset in the file)."""

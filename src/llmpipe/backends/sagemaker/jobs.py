@@ -160,12 +160,17 @@ def _describe(sm_client, name: str) -> dict | None:
         raise
 
 
-def create_or_attach(sm_client, request: dict, max_attempts: int) -> tuple[str, bool]:
+def create_or_attach(sm_client, request: dict, max_attempts: int, sleep=time.sleep, poll_s: float = 10) -> tuple[str, bool]:
     """(job name, created). Attach to a job of this name that is running or done; after a Failed or
-    Stopped one, create the next attempt (same checkpoint prefix: it resumes)."""
+    Stopped one, create the next attempt (same checkpoint prefix: it resumes). A job still Stopping (an
+    interrupted run's) is waited for, then treated by how it ended."""
     for attempt in range(1, max_attempts + 1):
         name = _attempt_name(request, attempt)
         desc = _describe(sm_client, name)
+        while desc is not None and desc["TrainingJobStatus"] == "Stopping":
+            log.info("training job %s is stopping: waiting for it to end", name)
+            sleep(poll_s)
+            desc = _describe(sm_client, name)
         if desc is None:
             if attempt == 1 and (running := _others_running(sm_client, request)):
                 raise JobError(
@@ -180,7 +185,7 @@ def create_or_attach(sm_client, request: dict, max_attempts: int) -> tuple[str, 
             log.info("created training job %s (%s)", name, arn)
             return name, True
         status = desc["TrainingJobStatus"]
-        if status in ("InProgress", "Completed", "Stopping"):
+        if status in ("InProgress", "Completed"):
             log.info("attaching to existing training job %s (%s)", name, status)
             return name, False
         log.info(
@@ -201,18 +206,34 @@ class LogTail:
     def __init__(self, logs_client, job: str, write):
         self.logs, self.job, self.write = logs_client, job, write
         self.tokens: dict[str, str] = {}
+        self.off = False
 
     def poll(self) -> int:
-        n = 0
+        """Events copied; a refusal other than "not there yet" (a role without logs:DescribeLogStreams /
+        GetLogEvents) is logged once and ends the copying, never the wait on the job."""
+        if self.off:
+            return 0
         try:
-            pages = self.logs.get_paginator("describe_log_streams").paginate(
-                logGroupName=LOG_GROUP, logStreamNamePrefix=self.job + "/"
-            )
-            streams = sorted(s["logStreamName"] for page in pages for s in page.get("logStreams", []))
+            return self._copy()
         except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") == "ResourceNotFoundException":
+            err = exc.response.get("Error", {})
+            if err.get("Code") == "ResourceNotFoundException":
                 return 0  # no log group / stream yet
-            raise
+            self.off = True
+            log.warning(
+                "cannot read the job's CloudWatch logs (%s: %s): not copied to the log from here on, the job is still "
+                "watched (grant logs:DescribeLogStreams and logs:GetLogEvents, or set sagemaker.tail_logs: false)",
+                err.get("Code"),
+                err.get("Message", ""),
+            )
+            return 0
+
+    def _copy(self) -> int:
+        n = 0
+        pages = self.logs.get_paginator("describe_log_streams").paginate(
+            logGroupName=LOG_GROUP, logStreamNamePrefix=self.job + "/"
+        )
+        streams = sorted(s["logStreamName"] for page in pages for s in page.get("logStreams", []))
         for stream in streams:
             token = self.tokens.get(stream)
             while True:
@@ -272,7 +293,7 @@ def run_attempts(sm_client, request: dict, sm: dict, tail_for, sleep=time.sleep)
     someone) is not retried."""
     timeout = sm["wait_timeout_seconds"] or sm["max_runtime_seconds"] + 3600
     while True:
-        name, created = create_or_attach(sm_client, request, sm["max_attempts"])
+        name, created = create_or_attach(sm_client, request, sm["max_attempts"], sleep, sm["poll_seconds"])
         try:
             return name, created, wait(sm_client, name, timeout, sm["poll_seconds"], tail_for(name), sleep=sleep)
         except JobFailed as exc:
@@ -332,13 +353,31 @@ def download(s3, uri: str, dest: Path) -> Path:
     return dest
 
 
+def last_saved(found: list[Path]) -> Path | None:
+    """Of model files found in an artifact, the run's last: the shallowest; among those, one in a folder named
+    `final`, else in the highest-numbered one (lit-gpt's pretrain saves out/step-NNNNNNNN/ every interval and
+    out/final/ at its end). Files at that depth that neither name tells apart are refused, named."""
+    if not found:
+        return None
+    depth = min(len(p.parts) for p in found)
+    top = sorted(p for p in found if len(p.parts) == depth)
+    final = [p for p in top if p.parent.name == "final"]
+    if final or len(top) == 1:
+        return (final or top)[0]
+    numbered = {p: int(m[-1]) for p in top if (m := re.findall(r"\d+", p.parent.name))}
+    if len(numbered) == len(top) and len(set(numbered.values())) == len(top):
+        return max(top, key=numbered.__getitem__)
+    raise JobError(f"model.tar.gz holds {len(top)} models and none is final or numbered apart: {', '.join(map(str, top))}")
+
+
 def find_hf(root: Path) -> Path | None:
-    """The folder holding an HF model (config.json + weights) in an extracted artifact."""
-    for cfg in sorted(root.rglob("config.json"), key=lambda p: len(p.parts)):
-        d = cfg.parent
-        if any(d.glob("*.safetensors")) or (d / "pytorch_model.bin").is_file():
-            return d
-    return None
+    """The folder holding an HF model (config.json + weights) in an extracted artifact; of several, the run's
+    last (last_saved: `final`, else the highest-numbered folder)."""
+    found = [
+        c for c in root.rglob("config.json") if any(c.parent.glob("*.safetensors")) or (c.parent / "pytorch_model.bin").is_file()
+    ]
+    last = last_saved(found)
+    return last.parent if last else None
 
 
 def to_hf(model_dir: Path, out: Path, fmt: str, tokenizer: Path | None = None) -> str:
@@ -351,7 +390,7 @@ def to_hf(model_dir: Path, out: Path, fmt: str, tokenizer: Path | None = None) -
     if fmt in ("auto", "litgpt"):
         from llmpipe.backends.sagemaker import litgpt
 
-        ckpt = litgpt.find_checkpoint(model_dir)
+        ckpt = last_saved(list(model_dir.rglob("lit_model.pth")))
         if ckpt is not None:
             litgpt.convert(ckpt, out, tokenizer)
             return "litgpt"

@@ -18,11 +18,6 @@ import yaml
 CONFIG_FILES = ("model_config.yaml", "lit_config.json")
 
 
-def find_checkpoint(root: Path) -> Path | None:
-    found = sorted(Path(root).rglob("lit_model.pth"), key=lambda p: len(p.parts))
-    return found[0] if found else None
-
-
 def read_config(folder: Path) -> dict:
     for name in CONFIG_FILES:
         p = folder / name
