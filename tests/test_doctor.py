@@ -232,6 +232,12 @@ def test_disk_estimate_counts_the_hf_views_bytes_per_token(prepared):
     assert doctor.view_bytes_per_token("hf", {**cfg, "data": {**cfg["data"], "segment_ids": False}}) == 9
     lean = {**cfg, "data": {**cfg["data"], "views": ["hf"]}}
     assert doctor.disk_needed(lean, 1000, None) == 1000 * (4 + 11)  # the store, then the hf view
+    # checkpoints: 12 bytes a parameter each kept (+ final) and the export's 4; Levanter keeps every save_interval
+    steps = {"max_steps": 100, "save_interval": 10, "keep_checkpoints": 2}
+    torch_run = {**lean, "train": {**cfg["train"], **steps}}
+    assert doctor.disk_needed(torch_run, 0, 1000) == 1000 * (12 * 3 + 4)
+    levanter_run = {**lean, "train": {**cfg["train"], **steps, "backend": "levanter"}}
+    assert doctor.disk_needed(levanter_run, 0, 1000) == 1000 * (12 * 11 + 4)
 
 
 def test_a_whole_model_step_with_too_little_memory_is_named():

@@ -856,6 +856,57 @@ def test_entry_failure_reaches_the_failure_file(tmp_path):
     assert "hyperparameters.json" in (root / "output" / "failure").read_text()
 
 
+def test_image_mode_refuses_a_batch_its_processes_cannot_split(tmp_path):
+    """Mode image starts a process a GPU of the instance type (processes_per_instance auto): a global batch
+    those cannot split is refused when the config is checked, as the torch backend refuses it, where before
+    the trainer refused it inside the job on every attempt. Given nproc_per_node, that count is checked."""
+    from llmpipe import config as cfgmod
+    from tests.conftest import merge
+
+    image = {"mode": "image", "role_arn": ROLE, "s3_prefix": "s3://bucket1/p", "image_uri": IMAGE}
+    train = {"backend": "sagemaker", "global_batch_size": 16, "micro_batch_size": 8}
+
+    def checked(nproc_per_node=None):  # tiny_config's is the torch backend's 1: null again, sagemaker's default
+        over = {"train": train, "sagemaker": image, "parallel": {"nproc_per_node": nproc_per_node}}
+        return cfgmod.validate(merge(tiny_config(tmp_path), over))
+
+    with pytest.raises(cfgmod.ConfigError, match=r"\(8 x 8 x 1\) \(one process a GPU of ml.p4de.24xlarge: 8\)"):
+        checked()
+    with pytest.raises(cfgmod.ConfigError, match=r"\(8 x 4 x 1\)$"):
+        checked(nproc_per_node=4)
+    assert checked(nproc_per_node=2)["parallel"]["nproc_per_node"] == 2
+    image["instance_type"] = "ml.g5.2xlarge"  # not in the hardware table: its GPUs unknown here, left to the job
+    assert checked()["sagemaker"]["instance_type"] == "ml.g5.2xlarge"
+
+
+def test_a_trainer_failure_reaches_the_failure_file_by_its_error_not_its_command(tmp_path):
+    """The trainer exits 1: the failure file (the job's FailureReason) holds its
+    exit status and last error lines (here: an empty train channel), not the command line with the whole config cut
+    at 1,000 characters."""
+    code = upload.code_folder(tmp_path / "code")
+    root = tmp_path / "opt_ml"
+    (root / "input" / "config").mkdir(parents=True)
+    for channel in ("train", "init"):
+        (root / "input" / "data" / channel).mkdir(parents=True)
+    config = {"train": {"max_steps": 2, "lr": 1e-3}, "eval": {}}
+    hp = {"llmpipe_config": json.dumps(config), "processes_per_instance": "1"}
+    (root / "input" / "config" / "hyperparameters.json").write_text(json.dumps(hp))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run(
+        [sys.executable, str(code / upload.ENTRY_SCRIPT)],
+        env={**env, "LLMPIPE_SM_ROOT": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode != 0
+    failure = (root / "output" / "failure").read_text()
+    assert failure.startswith("torch-train exited ") and "llmpipe torch-train" in failure, failure
+    assert '"max_steps"' not in failure and len(failure) <= 1000  # not the command's config
+    assert f"--data {root / 'input' / 'data' / 'train'}: no view.json" in failure  # why: the empty train channel
+    assert failure.split(" | ")[-1] in proc.stderr  # its stderr still reached the job's log
+
+
 def test_job_names_fit_aws_limits_for_every_attempt():
     import regex
 

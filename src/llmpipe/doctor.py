@@ -313,7 +313,10 @@ def disk_needed(cfg: dict, tokens: int | None, params: int | None) -> int:
     a parameter) and the export."""
     per_token = 4 + sum(view_bytes_per_token(v, cfg) for v in set(cfg["data"]["views"]) | {"hf"})
     data = (tokens or 0) * per_token
-    keep = cfg["train"]["keep_checkpoints"] + 1  # + final
+    t = cfg["train"]
+    keep = t["keep_checkpoints"] + 1  # + final
+    if t["backend"] == "levanter":  # Levanter keeps every save_interval step (keep: [{every: N}]), never prunes
+        keep = t["max_steps"] // t["save_interval"] + 1
     model = (params or 0) * (12 * keep + 4)
     return data + model
 

@@ -13,12 +13,33 @@ from pathlib import Path
 from llmpipe.backends import Backend
 
 
+def _batch_problems(cfg: dict) -> list[str]:
+    """Mode image: the global batch over the job's processes (parallel.nnodes instances x nproc_per_node, or
+    one a GPU of the instance type as the entry point starts them), refused here as the torch backend refuses
+    it, not inside the job on every attempt; unchecked for an instance type the hardware table lacks."""
+    import yaml
+
+    from llmpipe.parallelism import data_parallel_problems
+    from llmpipe.plan.hardware import HARDWARE_PATH
+
+    if cfg["sagemaker"]["mode"] != "image":
+        return []
+    itype, nproc = cfg["sagemaker"]["instance_type"], cfg["parallel"]["nproc_per_node"]
+    if not nproc:
+        nproc = yaml.safe_load(HARDWARE_PATH.read_text()).get(itype.removeprefix("ml."), {}).get("devices")
+        if not nproc:
+            return []
+    found = data_parallel_problems({**cfg, "parallel": {**cfg["parallel"], "nproc_per_node": nproc}})
+    how = "" if cfg["parallel"]["nproc_per_node"] else f" (one process a GPU of {itype}: {nproc})"
+    return [f"{line}{how}" for line in found]
+
+
 def _checks(cfg: dict) -> list[str]:
     from llmpipe.backends.sagemaker.hyperparameters import settings_problems
     from llmpipe.parallelism import refuse
 
     only = {"tp": [1], "pp": [1], "zero": [0], "activation_checkpointing": [False]}  # data parallel (DDP)
-    return refuse(cfg, "sagemaker", only) + settings_problems(cfg)
+    return refuse(cfg, "sagemaker", only) + settings_problems(cfg) + _batch_problems(cfg)
 
 
 BACKEND = Backend(

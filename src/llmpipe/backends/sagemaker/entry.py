@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections import deque
 from pathlib import Path
 
 log = logging.getLogger("llmpipe.sagemaker.entry")
@@ -85,6 +86,25 @@ def command(root: Path, hp: dict, resource: dict, out: Path, python: str = sys.e
     ]
 
 
+class TrainerFailed(RuntimeError):
+    """The trainer exited non-zero; the message holds its exit status and last error lines (not its command,
+    which carries the whole config)."""
+
+
+def run_teed(cmd: list[str], env: dict, keep: int = 12) -> None:
+    """Run the trainer, its stderr passed on line by line (CloudWatch) and its last `keep` lines kept: on a
+    non-zero exit, TrainerFailed with them, so the job's FailureReason says why."""
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, errors="replace")
+    last: deque[str] = deque(maxlen=keep)
+    for line in proc.stderr:
+        sys.stderr.write(line)
+        sys.stderr.flush()
+        if line.strip():
+            last.append(line.strip())
+    if rc := proc.wait():
+        raise TrainerFailed(f"torch-train exited {rc}: " + " | ".join(last))
+
+
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     root = Path(os.environ.get("LLMPIPE_SM_ROOT", "/opt/ml"))
@@ -101,7 +121,7 @@ def main() -> None:
             cmd = command(root, hp, resource, out)
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(code), os.environ.get("PYTHONPATH")]))}
             log.info("llmpipe from %s; running: %s", code, " ".join(cmd[:8]) + " ...")
-            subprocess.run(cmd, env=env, check=True)
+            run_teed(cmd, env)
             if out.is_dir():  # written by global rank 0 only
                 model = root / "model"
                 model.mkdir(parents=True, exist_ok=True)
@@ -110,5 +130,8 @@ def main() -> None:
                 log.info("HF model -> %s: %s", model, ", ".join(sorted(p.name for p in model.iterdir())))
     except Exception as exc:
         (root / "output").mkdir(parents=True, exist_ok=True)
-        (root / "output" / "failure").write_text(f"{type(exc).__name__}: {exc}"[:1000])
+        why = str(exc) if isinstance(exc, TrainerFailed) else f"{type(exc).__name__}: {exc}"
+        (root / "output" / "failure").write_text(
+            why if len(why) <= 1000 else why[:200] + " ... " + why[-795:]
+        )  # its end: the error
         raise
