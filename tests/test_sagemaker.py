@@ -839,18 +839,23 @@ def test_snakemake_profile_runs_against_moto(aws, tmp_path):
     assert len(aws["sagemaker"].list_training_jobs()["TrainingJobSummaries"]) == 1
 
 
-def test_entry_failure_reaches_the_failure_file(tmp_path):
-    """SageMaker shows /opt/ml/output/failure as the job's FailureReason."""
+def run_entry(tmp_path, root):
+    """The container's entry script from a fresh code channel, on `root` as /opt/ml (llmpipe from the channel)."""
     code = upload.code_folder(tmp_path / "code")
-    root = tmp_path / "opt_ml"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run(
+    return subprocess.run(
         [sys.executable, str(code / upload.ENTRY_SCRIPT)],
         env={**env, "LLMPIPE_SM_ROOT": str(root)},
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,
     )
+
+
+def test_entry_failure_reaches_the_failure_file(tmp_path):
+    """SageMaker shows /opt/ml/output/failure as the job's FailureReason."""
+    root = tmp_path / "opt_ml"
+    proc = run_entry(tmp_path, root)
     assert proc.returncode != 0
     assert (root / "output" / "failure").read_text().startswith("FileNotFoundError")
     assert "hyperparameters.json" in (root / "output" / "failure").read_text()
@@ -883,7 +888,6 @@ def test_a_trainer_failure_reaches_the_failure_file_by_its_error_not_its_command
     """The trainer exits 1: the failure file (the job's FailureReason) holds its
     exit status and last error lines (here: an empty train channel), not the command line with the whole config cut
     at 1,000 characters."""
-    code = upload.code_folder(tmp_path / "code")
     root = tmp_path / "opt_ml"
     (root / "input" / "config").mkdir(parents=True)
     for channel in ("train", "init"):
@@ -891,14 +895,7 @@ def test_a_trainer_failure_reaches_the_failure_file_by_its_error_not_its_command
     config = {"train": {"max_steps": 2, "lr": 1e-3}, "eval": {}}
     hp = {"llmpipe_config": json.dumps(config), "processes_per_instance": "1"}
     (root / "input" / "config" / "hyperparameters.json").write_text(json.dumps(hp))
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run(
-        [sys.executable, str(code / upload.ENTRY_SCRIPT)],
-        env={**env, "LLMPIPE_SM_ROOT": str(root)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = run_entry(tmp_path, root)
     assert proc.returncode != 0
     failure = (root / "output" / "failure").read_text()
     assert failure.startswith("torch-train exited ") and "llmpipe torch-train" in failure, failure
