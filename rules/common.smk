@@ -219,7 +219,8 @@ def corpus_remote(wildcards):
 def dataset_commit(wildcards):
     """The commit a hub.datasets entry's revision points to now: a moved branch downloads again."""
     (spec,) = [d for d in config["hub"]["datasets"] if d["name"] == wildcards.name]
-    return next((x.get("commit") or "" for x in remote_sources() if x.get("hub") == spec["id"]), "")
+    mine = (spec["id"], spec.get("revision"))  # not another entry's (or an hf: source's) revision of that id
+    return next((x.get("commit") or "" for x in remote_sources() if (x.get("hub"), x.get("revision")) == mine), "")
 
 
 def tokenizer_inputs(wildcards):
@@ -313,7 +314,8 @@ def colossal_launch():
         hosts = f" --hostfile {shlex.quote(c['hostfile'])}" if c["hostfile"] else ""
         return (
             f'bin=$({py} -c "import os, sys; print(os.path.dirname(sys.executable))"); PATH=$bin:$PATH'
-            f" $bin/colossalai run --nproc_per_node {p['nproc_per_node']}{hosts} --master_port {c['master_port']} -m"
+            f" $bin/colossalai run --nproc_per_node {p['nproc_per_node']} --num_nodes {p['nnodes']}{hosts}"
+            f" --master_port {c['master_port']} -m"
         )
     return launch_prefix(c["python"]) + " -- -m"
 

@@ -222,6 +222,15 @@ def test_config_refuses_what_colossalai_would_refuse_in_the_job():
     assert "parallel.pp 4 needs at least 4 micro batches a step, train.global_batch_size 8 gives 2" in problems(**pp)
     zero2 = merge(pp, {"parallel": {"zero": 2}})
     assert "parallel.pp 4 takes parallel.zero 0 or 1 (ColossalAI), not 2" in problems(**zero2, train={"global_batch_size": 16})
+    # keys another plugin would drop silently, and ddp's save of tied embeddings (safetensors refuses shared
+    # tensors: the run died at its first checkpoint, run on CPU with 2 gloo processes)
+    for plugin in ("zero2", "3d", "ddp", "gemini_auto"):
+        said = problems(colossal={"plugin": plugin, "offload_optim_frac": 1.0})
+        assert f"'colossal.offload_optim_frac' applies to plugin gemini only, not '{plugin}'" in said, plugin
+    assert "offload" not in problems(colossal={"plugin": "gemini", "offload_optim_frac": 1.0})
+    tied = {"model": {"tie_word_embeddings": True}}
+    assert "colossal.plugin ddp cannot checkpoint a model with tied embeddings" in problems(**tied, colossal={"plugin": "ddp"})
+    assert problems(**tied, colossal={"plugin": "3d"}) == ""
 
 
 def test_a_tp_that_does_not_divide_the_heads_is_named_before_any_job(prepared, tmp_path):
@@ -363,6 +372,34 @@ def test_colossalai_launcher_on_many_nodes_needs_a_hostfile(tmp_path):
     )
     assert proc.returncode != 0
     assert "'colossal.launcher' colossalai on 'parallel.nnodes' > 1 needs 'colossal.hostfile'" in proc.stdout + proc.stderr
+    # a hostfile of fewer hosts than nodes is named; colossalai run is told how many of its hosts to use
+    from llmpipe import config as cfgmod
+
+    hosts = tmp_path / "hosts"
+    hosts.write_text("# the nodes\nnode-1\n\n")
+    two = {"train": {"backend": "colossal"}, "parallel": {"nnodes": 2}, "results_dir": str(tmp_path)}
+    with pytest.raises(cfgmod.ConfigError, match="'colossal.hostfile' lists 1 host\\(s\\), fewer than 'parallel.nnodes' 2"):
+        cfgmod.validate(merge(two, {"colossal": {"launcher": "colossalai", "hostfile": str(hosts)}}))
+    hosts.write_text("node-1\nnode-2\nnode-3\n")
+    over.write_text(yaml.safe_dump(merge(two, {"colossal": {"launcher": "colossalai", "hostfile": str(hosts)}})))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "-n",
+            "-p",
+            f"{tmp_path}/default/checkpoints/colossal/final",
+            "--configfile",
+            str(over),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "colossalai run --nproc_per_node 1 --num_nodes 2 --hostfile" in proc.stdout
 
 
 # ---------------------------------------------------------------- through the Snakemake rule
@@ -553,7 +590,9 @@ T.main(sys.argv[1:])
 def test_pipeline_validation_with_tied_embeddings_scores_the_trained_model(prepared, tmp_path):
     """plugin 3d, pp 2, tied embeddings: the validation forward (no optimizer) left ColossalAI to all-reduce
     the shared weight's gradient, None after zero_grad: a TypeError on every rank at the first validation.
-    Its val_loss now equals evaluate's on the final folder."""
+    Its val_loss now equals evaluate's on the final folder. Also: grad_clip 0 still reports the gradient norm
+    (max_norm inf: ColossalAI computes it only for max_norm > 0, so the non-finite guard had none), and the
+    final folder keeps the initial model's generation config (it was derived from config.json again)."""
     need_env()
     from llmpipe import config as cfgmod
     from llmpipe.evaluate import evaluate
@@ -561,12 +600,15 @@ def test_pipeline_validation_with_tied_embeddings_scores_the_trained_model(prepa
 
     over = {
         "model": {"tie_word_embeddings": True},
-        "train": {"backend": "colossal", "max_steps": 4, "save_interval": 4, "eval_interval": 2},
+        "train": {"backend": "colossal", "max_steps": 4, "save_interval": 4, "eval_interval": 2, "grad_clip": 0},
         "colossal": {"plugin": "3d"},
         "parallel": {"nproc_per_node": 2, "pp": 2},
     }
     cfg = cfgmod.validate(merge(prepared["cfg"], over))
     init_model(cfg, prepared["tokenizer"], tmp_path / "init")
+    generation = json.loads((tmp_path / "init" / "generation_config.json").read_text())
+    generation.update(do_sample=True, temperature=0.6, top_p=0.9)  # a base's sampling settings
+    (tmp_path / "init" / "generation_config.json").write_text(json.dumps(generation))
     (tmp_path / "cfg.json").write_text(json.dumps(cfg))
     (tmp_path / "pp.py").write_text(PP_ON_CPU)
     args = ["--config", tmp_path / "cfg.json", "--init", tmp_path / "init", "--data", prepared["view"]]
@@ -583,8 +625,11 @@ def test_pipeline_validation_with_tied_embeddings_scores_the_trained_model(prepa
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     recs = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
     assert [r["step"] for r in recs] == [1, 2, 3, 4] and [r["step"] for r in recs if "val_loss" in r] == [2, 4]
+    assert all(r["grad_norm"] is not None and r["grad_norm"] > 0 for r in recs), recs
     final = tmp_path / "final"
     assert json.loads((final / "config.json").read_text())["tie_word_embeddings"] is True
+    kept = json.loads((final / "generation_config.json").read_text())
+    assert (kept["do_sample"], kept["temperature"], kept["top_p"]) == (True, 0.6, 0.9), kept
     ev = evaluate(final, prepared["view"], tmp_path / "eval.json", cfg["eval"]["batch_size"], document_masking=False)
     assert abs(ev["val_loss"] - recs[-1]["val_loss"]) < 1e-4 and ev["tokens"] == recs[-1]["val_tokens"]
 

@@ -542,3 +542,46 @@ def current_umask() -> int:
     umask = os.umask(0)
     os.umask(umask)
     return umask
+
+
+@pytest.mark.parametrize("cdn", [200, 500])
+def test_a_presigned_cdn_url_never_reaches_the_log(tmp_path, cdn):
+    """The Hub redirects a weights file to a presigned CDN URL (X-Amz-Credential, X-Amz-Signature): the HTTP
+    client's per-request INFO lines are off and any line or error naming such a URL has its credentials
+    redacted (before: the download log held the signed URL; a CDN 500 put it in the one-line error)."""
+    import hashlib as hl
+
+    weights = b"W" * 5000
+    secret = "X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=AKIAEXAMPLESECRET%2F20260101&X-Amz-Signature=deadbeefSIGNATURE"
+    repo = Repo()
+    sha = repo.commit({"config.json": b'{"model_type": "llama"}', "model.safetensors": weights}, ref="main")
+    with StandInHub() as hub:
+        hub.repos[("model", "org/tiny")] = repo
+        base = hub.server.RequestHandlerClass
+
+        class Redirecting(base):
+            def do_GET(self):
+                if self.path.startswith("/cdn/"):
+                    self._record()
+                    body = weights if cdn == 200 else b"<Error>denied</Error>"
+                    return self._send(
+                        cdn, body, {"ETag": f'"{hl.sha256(weights).hexdigest()}"'}, ctype="application/octet-stream"
+                    )
+                if "/resolve/" in self.path and self.path.endswith("model.safetensors"):
+                    self._record()
+                    where = hub.url.replace("127.0.0.1", "localhost") + f"/cdn/blob?{secret}"
+                    linked = {"X-Linked-Etag": f'"{hl.sha256(weights).hexdigest()}"', "X-Linked-Size": str(len(weights))}
+                    return self._send(302, b"", {"Location": where, "X-Repo-Commit": sha, **linked, "ETag": '"x"'})
+                return super().do_GET()
+
+        hub.server.RequestHandlerClass = Redirecting
+        cfg = {"model": {"init_from": "org/tiny"}, "hub": {"endpoint": hub.url, "cache_dir": str(tmp_path / "cache")}}
+        env = {"HF_HUB_DOWNLOAD_TIMEOUT": "5", "HF_HUB_ETAG_TIMEOUT": "5"}
+        proc = cli(["download-model", "--config", json.dumps(cfg), "--out", str(tmp_path / "out")], env=env)
+        assert any(r.path.startswith("/cdn/") for r in hub.requests)  # the weights came through the signed URL
+    said = proc.stdout + proc.stderr
+    assert (proc.returncode == 0) == (cdn == 200), said[-2000:]
+    assert "deadbeefSIGNATURE" not in said and "AKIAEXAMPLESECRET" not in said, said[-2000:]
+    if cdn == 500:
+        (line,) = [x for x in proc.stderr.splitlines() if x.startswith("llmpipe download-model:")]
+        assert "X-Amz-Signature=<redacted>" in line, line

@@ -116,3 +116,30 @@ def test_unreachable_sources_are_named_in_a_warning(monkeypatch):
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
     ids, warnings = remote_identities(["s3://nowhere/x.jsonl"], {}, [], None)
     assert ids == [{"source": "s3://nowhere/x.jsonl"}] and "s3://nowhere/x.jsonl" in warnings[0]
+
+
+def test_an_http_source_with_only_last_modified_is_keyed_by_it(tmp_path):
+    """A web server that sends Last-Modified and no ETag (python -m http.server): a same-size edit changes the
+    DAG's key and sources.json's entry (before: keyed by size alone, the old tokens kept)."""
+    import functools
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    from llmpipe.data.remote_keys import object_identities
+    from llmpipe.data.sources import describe
+
+    (tmp_path / "c.jsonl").write_bytes(jsonl(["hello there"]))
+    os.utime(tmp_path / "c.jsonl", (1_700_000_000, 1_700_000_000))
+    quiet = type("Quiet", (SimpleHTTPRequestHandler,), {"log_message": lambda *a: None})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(quiet, directory=str(tmp_path)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/c.jsonl"
+        before = object_identities(url), describe(url)
+        (tmp_path / "c.jsonl").write_bytes(jsonl(["HELLO there"]))  # same size, another day
+        os.utime(tmp_path / "c.jsonl", (1_700_086_400, 1_700_086_400))
+        after = object_identities(url), describe(url)
+    finally:
+        server.shutdown()
+    assert before[0][0]["size"] == after[0][0]["size"] and "Last-Modified" in before[0][0]
+    assert digest(before[0]) != digest(after[0]) and before[1] != after[1]

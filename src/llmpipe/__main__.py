@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import importlib
-import logging
 import os
 import re
 import sys
@@ -79,9 +78,9 @@ def main(argv: list[str] | None = None) -> None:
     fail_once(argv[0])
     if argv[0] in NO_BLAS_COMMANDS:
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy's import; a user's own value stands
-    from llmpipe.io import LOG_FORMAT  # the standard library only
+    from llmpipe.io import setup_logging  # the standard library only
 
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    setup_logging()
     try:
         importlib.import_module(table[argv[0]]).main(argv[1:])
     except Exception as exc:

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import yaml
 
+from llmpipe.io import SECRET_QUERY  # query parameters that carry a credential
+
 SCHEMA_PATH = Path(__file__).with_name("config_schema.yaml")
 
 
@@ -267,14 +269,6 @@ def validate(config: dict | None, whole: bool = True) -> dict:
     if problems:
         raise ConfigError("invalid llmpipe config:\n" + "\n".join(f"  - {p}" for p in problems))
     return config
-
-
-# query parameters that carry a credential: S3 / GCS / Azure presigned URLs, bearer tokens
-SECRET_QUERY = re.compile(
-    r"[?&](x-amz-(signature|credential|security-token)|x-goog-(signature|credential)|awsaccesskeyid|signature|sig|"
-    r"token|access_token|api_key|apikey)=",
-    re.I,
-)
 
 
 def _credential_checks(config: dict) -> list[str]:

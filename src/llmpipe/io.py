@@ -52,15 +52,48 @@ def remove_stale(target: Path) -> None:
 
 
 LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"  # every llmpipe process, workers included
+# query parameters that carry a credential: S3 / GCS / Azure presigned URLs, bearer tokens
+SECRET_QUERY = re.compile(
+    r"[?&](x-amz-(signature|credential|security-token)|x-goog-(signature|credential)|awsaccesskeyid|signature|sig|"
+    r"token|access_token|api_key|apikey)=",
+    re.I,
+)
+_SECRET_VALUE = re.compile(SECRET_QUERY.pattern + r"[^&\s'\"<>]*", re.I)
+QUIET_LOGGERS = ("httpx", "httpx2", "httpcore")  # log every request URL at INFO: the Hub's presigned CDN URLs too
+
+
+def redact(text: str) -> str:
+    """`text` with the value of every credential-bearing query parameter replaced (a presigned URL's signature,
+    credential and token)."""
+    return _SECRET_VALUE.sub(lambda m: m.group()[: m.group().index("=") + 1] + "<redacted>", text)
+
+
+def setup_logging() -> None:
+    """INFO logging in LOG_FORMAT, as every llmpipe process logs: HTTP clients' per-request lines off, and no
+    line carries a presigned URL's credentials (redacted on the way out, whatever library logged it)."""
+    import logging
+
+    class Redact(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            message = record.getMessage()
+            if SECRET_QUERY.search(message):
+                record.msg, record.args = redact(message), None
+            return True
+
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    for handler in logging.getLogger().handlers:
+        if not any(type(f).__name__ == "Redact" for f in handler.filters):
+            handler.addFilter(Redact())
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def start_worker(parent: int) -> None:
     """A job's worker process: killed (SIGKILL) when the job dies, and logging as the job does."""
-    import logging
     import signal
 
     die_with_parent(parent, signal.SIGKILL)
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    setup_logging()
 
 
 def die_with_parent(parent: int, sig: int) -> None:

@@ -17,7 +17,11 @@ from braceexpand import braceexpand
 
 from llmpipe.data.readers import HF_PREFIX
 
-OBJECT_KEYS = ("ETag", "etag", "VersionId", "version_id", "size", "LastModified", "last_modified", "mtime", "generation")
+# what changes when an object's bytes do, as fsspec's filesystems name it (HTTP: its response headers)
+OBJECT_KEYS = (
+    "ETag", "etag", "VersionId", "version_id", "size", "LastModified", "last_modified", "Last-Modified", "mtime",
+    "generation", "Content-MD5", "Digest",
+)  # fmt: skip
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 

@@ -236,7 +236,7 @@ def describe(source: str) -> dict:
     entry = {"source": source, "size": info.get("size")}
     protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
     if protocol not in ("file", "local"):
-        for key in ("ETag", "etag", "LastModified", "mtime", "last_modified"):
+        for key in ("ETag", "etag", "LastModified", "mtime", "last_modified", "Last-Modified", "Content-MD5", "Digest"):
             if key in info:
                 entry[key.lower()] = str(info[key])
     return entry

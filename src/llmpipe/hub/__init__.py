@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from llmpipe.io import redact
+
 HUB_PREFIX = "hf://"
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -65,4 +67,4 @@ def explain(exc: BaseException, repo_id: str, revision: str | None, kind: str = 
     if status == 401:
         return f"{kind} {repo_id}: the Hub refused the token (401): log in again (`hf auth login`) or fix HF_TOKEN"
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return f"{kind} {repo_id}@{rev}: {type(exc).__name__}: {first}"
+    return redact(f"{kind} {repo_id}@{rev}: {type(exc).__name__}: {first}")  # a CDN error names its presigned URL

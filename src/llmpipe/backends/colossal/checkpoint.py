@@ -65,9 +65,10 @@ class Saver:
             prune(root, keep, step)
             log.info("checkpoint %s", target)
 
-    def final(self, out: Path, model, hf_config, tokenizer_dir: Path | None, summary: dict) -> None:
-        """HF folder: ColossalAI writes the weights; config.json and generation_config.json are
-        written here (ColossalAI skips them under transformers 5.x), and the tokenizer is copied."""
+    def final(self, out: Path, model, hf_config, tokenizer_dir: Path | None, summary: dict, generation=None) -> None:
+        """HF folder: ColossalAI writes the weights; config.json and generation_config.json (`generation`: the
+        initial model's, as the torch trainer keeps it; else derived from the config) are written here
+        (ColossalAI skips them under transformers 5.x), and the tokenizer is copied."""
         from transformers import GenerationConfig
 
         tmp = self._tmp(out)
@@ -75,7 +76,7 @@ class Saver:
         dist.barrier()
         if self.rank == 0:
             hf_config.save_pretrained(str(tmp))
-            GenerationConfig.from_model_config(hf_config).save_pretrained(str(tmp))
+            (generation or GenerationConfig.from_model_config(hf_config)).save_pretrained(str(tmp))
             if tokenizer_dir is not None:
                 for f in tokenizer_dir.iterdir():
                     if f.is_file() and not f.name.startswith("."):

@@ -46,7 +46,33 @@ def resume_sections(cfg: dict) -> dict:
 
 
 def problems(cfg: dict) -> list[str]:
-    return (layout_problems(cfg) or data_parallel_problems(cfg)) + model_head_problems(cfg) + launcher_problems(cfg)
+    return (
+        (layout_problems(cfg) or data_parallel_problems(cfg))
+        + model_head_problems(cfg)
+        + launcher_problems(cfg)
+        + plugin_key_problems(cfg)
+    )
+
+
+def plugin_key_problems(cfg: dict) -> list[str]:
+    """Keys one plugin honours and another would drop silently: the offload fractions (Gemini's static
+    placement) and, under ddp, tied embeddings (its checkpoint writes the raw state dict to safetensors,
+    which refuses two names of one tensor: the run died at its first save)."""
+    from llmpipe import config as cfgmod
+
+    c, out = cfg["colossal"], []
+    given = [k for k in ("offload_optim_frac", "offload_param_frac") if c[k] is not None]
+    if given and c["plugin"] != "gemini":
+        out.append(f"'colossal.{given[0]}' applies to plugin gemini only, not {c['plugin']!r} (remove it, or use plugin gemini)")
+    if c["plugin"] == "ddp":
+        base = cfgmod.base_config_json(cfg) if cfg["model"]["init_from"] else None  # None: a Hub base not downloaded yet
+        tied = json.loads(base.read_text()).get("tie_word_embeddings", False) if base else cfg["model"]["tie_word_embeddings"]
+        if tied:
+            out.append(
+                "colossal.plugin ddp cannot checkpoint a model with tied embeddings (ColossalAI saves its state dict to "
+                "safetensors, which refuses two names of one tensor): use plugin 3d (tp = pp = 1 trains as ddp) or untie them"
+            )
+    return out
 
 
 def layout_problems(cfg: dict) -> list[str]:
@@ -119,6 +145,12 @@ def launcher_problems(cfg: dict) -> list[str]:
         return out
     if c["hostfile"] and not Path(c["hostfile"]).is_file():
         out.append(f"'colossal.hostfile' {c['hostfile']!r} does not exist")
+    elif c["hostfile"]:  # colossalai run --num_nodes takes the first nnodes hosts
+        hosts = [ln for ln in Path(c["hostfile"]).read_text().splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+        if len(hosts) < cfg["parallel"]["nnodes"]:
+            out.append(
+                f"'colossal.hostfile' lists {len(hosts)} host(s), fewer than 'parallel.nnodes' {cfg['parallel']['nnodes']}"
+            )
     if cfg["parallel"]["nnodes"] > 1 and not c["hostfile"]:
         out.append("'colossal.launcher' colossalai on 'parallel.nnodes' > 1 needs 'colossal.hostfile' (one host per line)")
     if cfg["train"]["slurm_auto_resume"]:

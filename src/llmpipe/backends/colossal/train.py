@@ -27,6 +27,7 @@ import contextlib
 import importlib.util
 import json
 import logging
+import math
 import os
 import socket
 import warnings
@@ -118,7 +119,7 @@ def make_plugin(c: dict, t: dict, precision: str, flash: bool, world: int, offlo
     (offload_optim_frac, offload_param_frac; gemini_placement)."""
     from colossalai.booster.plugin import GeminiPlugin, HybridParallelPlugin, LowLevelZeroPlugin, TorchDDPPlugin
 
-    clip = t["grad_clip"]
+    clip = t["grad_clip"] or math.inf  # 0 (no clipping): inf still has ColossalAI compute the norm (metrics, guard)
     if c["plugin"] == "ddp":
         return TorchDDPPlugin()
     if c["plugin"] in ("gemini", "gemini_auto"):  # data parallel over the whole world
@@ -268,7 +269,7 @@ class Trainer:
         self.accum = grad_accum_steps(t["global_batch_size"], t["micro_batch_size"], self.lay.dp_size)
         torch.manual_seed(t["seed"])
         model = load_model(init_dir, self.attn, c["gradient_checkpointing"])
-        self.hf_config = model.config
+        self.hf_config, self.generation = model.config, getattr(model, "generation_config", None)  # the init's own
         optimizer_cls, kwargs = optimizer_kind(self.on_gpu)
         optimizer, scheduler = build_optimizer(model, t, optimizer_cls, **kwargs)
         self.booster = Booster(plugin=self.plugin)
@@ -439,7 +440,7 @@ class Trainer:
             "zero_stage": c["zero_stage"],
             "attention": self.attn,
         }
-        self.saver.final(out_dir, self.model, self.hf_config, self.tokenizer_dir, summary)
+        self.saver.final(out_dir, self.model, self.hf_config, self.tokenizer_dir, summary, self.generation)
         if self.main:
             log.info("trained model -> %s (final val_loss %.4f)", out_dir, last_val)
         return summary
