@@ -352,52 +352,26 @@ def test_resume_fingerprint_covers_the_parallel_layout(prepared):
 
 
 def test_colossalai_launcher_on_many_nodes_needs_a_hostfile(tmp_path):
-    over = tmp_path / "o.yaml"
-    over.write_text(
-        yaml.safe_dump(
-            {
-                "train": {"backend": "colossal"},
-                "parallel": {"nnodes": 2},
-                "colossal": {"launcher": "colossalai"},
-                "results_dir": str(tmp_path),
-            }
-        )
-    )
-    proc = subprocess.run(
-        [sys.executable, "-m", "snakemake", "-n", "--configfile", str(over)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode != 0
-    assert "'colossal.launcher' colossalai on 'parallel.nnodes' > 1 needs 'colossal.hostfile'" in proc.stdout + proc.stderr
-    # a hostfile of fewer hosts than nodes is named; colossalai run is told how many of its hosts to use
+    """colossalai run on 2 nodes: a hostfile is needed, one of fewer hosts is named, and the command says how
+    many of its hosts to use (--num_nodes; without it colossalai run took every host listed)."""
     from llmpipe import config as cfgmod
 
+    over, two = tmp_path / "o.yaml", {"train": {"backend": "colossal"}, "parallel": {"nnodes": 2}, "results_dir": str(tmp_path)}
+
+    def dry(colossal: dict, *targets: str) -> subprocess.CompletedProcess:
+        over.write_text(yaml.safe_dump(merge(two, {"colossal": {"launcher": "colossalai", **colossal}})))
+        cmd = [sys.executable, "-m", "snakemake", "-n", "-p", *targets, "--configfile", str(over)]
+        return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+
+    proc = dry({})
+    assert proc.returncode != 0
+    assert "'colossal.launcher' colossalai on 'parallel.nnodes' > 1 needs 'colossal.hostfile'" in proc.stdout + proc.stderr
     hosts = tmp_path / "hosts"
     hosts.write_text("# the nodes\nnode-1\n\n")
-    two = {"train": {"backend": "colossal"}, "parallel": {"nnodes": 2}, "results_dir": str(tmp_path)}
     with pytest.raises(cfgmod.ConfigError, match="'colossal.hostfile' lists 1 host\\(s\\), fewer than 'parallel.nnodes' 2"):
         cfgmod.validate(merge(two, {"colossal": {"launcher": "colossalai", "hostfile": str(hosts)}}))
     hosts.write_text("node-1\nnode-2\nnode-3\n")
-    over.write_text(yaml.safe_dump(merge(two, {"colossal": {"launcher": "colossalai", "hostfile": str(hosts)}})))
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "snakemake",
-            "-n",
-            "-p",
-            f"{tmp_path}/default/checkpoints/colossal/final",
-            "--configfile",
-            str(over),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = dry({"hostfile": str(hosts)}, f"{tmp_path}/default/checkpoints/colossal/final")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "colossalai run --nproc_per_node 1 --num_nodes 2 --hostfile" in proc.stdout
 
