@@ -143,3 +143,26 @@ def test_an_http_source_with_only_last_modified_is_keyed_by_it(tmp_path):
         server.shutdown()
     assert before[0][0]["size"] == after[0][0]["size"] and "Last-Modified" in before[0][0]
     assert digest(before[0]) != digest(after[0]) and before[1] != after[1]
+
+
+def test_s3_sources_without_credentials_stop_get_data_in_one_line(s3, tmp_path):
+    """No AWS credentials at all (no environment, files or instance role): get-data says so in one line and
+    how to give them, for a listed object and a glob (before: a 50-85 line botocore traceback)."""
+    s3.put_object(Bucket="corpus", Key="a.jsonl", Body=jsonl(["hi there"]))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(
+        AWS_ENDPOINT_URL=os.environ["AWS_ENDPOINT_URL"],
+        AWS_DEFAULT_REGION="us-east-1",
+        AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
+        AWS_CONFIG_FILE=str(tmp_path / "none"),
+        AWS_EC2_METADATA_DISABLED="true",
+        PYTHONPATH=str(REPO / "src"),
+    )
+    for source in ("s3://corpus/a.jsonl", "s3://corpus/*.jsonl"):
+        cfg = json.dumps({"data": {"sources": [source]}})
+        cmd = [sys.executable, "-m", "llmpipe", "get-data", "--config", cfg, "--out", str(tmp_path / "s.json")]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+        assert proc.returncode == 1, proc.stderr[-2000:]
+        assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        (line,) = [x for x in proc.stderr.splitlines() if x.startswith("llmpipe get-data: error:")]
+        assert "no usable AWS credentials to read data.sources (NoCredentialsError" in line and "AWS_PROFILE" in line, line

@@ -150,3 +150,21 @@ def main(argv: list[str] | None = None) -> None:
         get_data(cfgmod.load(args.config)["data"], args.out, args.threads)
     except (BadSource, ValueError, FileNotFoundError) as exc:  # one line naming the file (a glob matching nothing), no traceback
         raise SystemExit(f"llmpipe get-data: error: {exc}") from None
+    except Exception as exc:
+        if (why := remote_refusal(exc)) is None:
+            raise
+        raise SystemExit(f"llmpipe get-data: error: {why}") from None
+
+
+def remote_refusal(exc: BaseException) -> str | None:
+    """One line for a remote store refusing to list or describe the sources (no credentials, access denied),
+    or None for any other error."""
+    name = type(exc).__name__
+    if name in ("NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError"):  # botocore
+        return (
+            f"no usable AWS credentials to read data.sources ({name}: {exc}): set AWS_PROFILE (or log in: aws sso login) "
+            "or the AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY environment, or an instance role"
+        )
+    if isinstance(exc, PermissionError) and exc.errno is None:  # s3fs / gcsfs: the store said 403
+        return f"the store refused access to data.sources ({name}: {exc}): check the credentials' read and list permissions"
+    return None
