@@ -329,7 +329,7 @@ def _config_parameters(cfg: dict) -> int | None:
 
     try:
         return parameters(shape_from_config(cfg, None)[0])
-    except (OSError, ValueError):
+    except Exception:  # an estimate only: a tokenizer or base config it cannot read is named by its own job
         return None
 
 
