@@ -101,10 +101,16 @@ def header(path: str | Path) -> tuple[dict, int]:
             raise ValueError(f"{path}: not a safetensors file (unreadable header)") from None
 
 
-def memmap(path: str | Path, name: str) -> np.ndarray:
-    """Tensor `name` of a safetensors file as a read-only memory map (1-D tensors only)."""
+def located_in(path: str | Path, name: str) -> tuple[dict, int]:
+    """(tensor `name`'s header entry, the byte where the file's tensor data starts)."""
     tensors, base = header(path)
-    info = tensors[name]
+    return tensors[name], base
+
+
+def memmap(path: str | Path, name: str, located: tuple[dict, int] | None = None) -> np.ndarray:
+    """Tensor `name` of a safetensors file as a read-only memory map (1-D tensors only); `located`: its header
+    entry and the file's data start, when already read (located_in())."""
+    info, base = located or located_in(path, name)
     dtype = {v: k for k, v in DTYPES.items()}[info["dtype"]].newbyteorder("<")
     a, b = info["data_offsets"]
     if a == b:  # mmap cannot map 0 bytes

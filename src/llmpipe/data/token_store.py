@@ -118,7 +118,8 @@ class ShardMaps:
 
     def __init__(self, paths: list[Path], name: str, trim: int = 0):
         self.paths, self.name, self.trim = paths, name, trim
-        self.sizes = [stfile.header(p)[0][name]["shape"][0] - trim for p in paths]
+        self._at = [stfile.located_in(p, name) for p in paths]  # each header read once
+        self.sizes = [info["shape"][0] - trim for info, _ in self._at]
         self._open: OrderedDict[int, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -129,7 +130,7 @@ class ShardMaps:
         with self._lock:
             got = self._open.pop(i, None)
             if got is None:
-                got = stfile.memmap(self.paths[i], self.name)
+                got = stfile.memmap(self.paths[i], self.name, self._at[i])
                 got = got[: got.size - self.trim] if self.trim else got
                 while len(self._open) >= MAPS_OPEN:  # closed once no slice of it is left
                     self._open.popitem(last=False)

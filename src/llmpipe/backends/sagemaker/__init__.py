@@ -17,16 +17,14 @@ def _batch_problems(cfg: dict) -> list[str]:
     """Mode image: the global batch over the job's processes (parallel.nnodes instances x nproc_per_node, or
     one a GPU of the instance type as the entry point starts them), refused here as the torch backend refuses
     it, not inside the job on every attempt; unchecked for an instance type the hardware table lacks."""
-    import yaml
-
     from llmpipe.parallelism import data_parallel_problems
-    from llmpipe.plan.hardware import HARDWARE_PATH
+    from llmpipe.plan.hardware import load_hardware
 
     if cfg["sagemaker"]["mode"] != "image":
         return []
     itype, nproc = cfg["sagemaker"]["instance_type"], cfg["parallel"]["nproc_per_node"]
     if not nproc:
-        nproc = yaml.safe_load(HARDWARE_PATH.read_text()).get(itype.removeprefix("ml."), {}).get("devices")
+        nproc = load_hardware({**cfg["plan"], "hardware": None}).get(itype.removeprefix("ml."), {}).get("devices")
         if not nproc:
             return []
     found = data_parallel_problems({**cfg, "parallel": {**cfg["parallel"], "nproc_per_node": nproc}})
