@@ -13,12 +13,12 @@ import pytest
 
 from llmpipe import config as cfgmod
 
-# The suite runs two files at a time (README: `pytest -n 2 --dist loadfile`). OpenMP threads of a torch
-# step then yield the core the other file's processes hold instead of spinning on it (measured beside
-# another file: the embedded default end to end 840 s spinning, 324 s passive). Inherited by every
+# The suite runs two files at a time (README "Tests"). OpenMP threads of a torch step then yield the core
+# the other file's processes hold instead of spinning on it (the embedded default end to end: 219 s alone;
+# 840 s in a two-worker run, spinning; 324 s beside test_train_trust.py, passive). Inherited by every
 # process a test starts, Slurm jobs included (sbatch exports the environment).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-# The longest files first (seconds measured in CI), so that the shorter ones fill the other worker beside
+# The longest files first (by their seconds in a two-worker run), so that the shorter ones fill the other worker beside
 # them; the rest keep their order. A stale list only costs balance, never a test.
 LONGEST_FILES = (
     "test_slurm.py",
