@@ -402,6 +402,35 @@ def test_model_card_states_every_field_and_release_uploads(trained_run, prepared
     no_token_in(tmp_path, texts=(caplog.text,))
 
 
+@pytest.mark.parametrize("start", ["scratch", "local", "hub id"])
+def test_model_card_names_the_base_model(trained_run, prepared, tmp_path, start):
+    """A run continued from a local folder names that folder (path, config sha256, weights' sizes), a Hub id
+    without a downloaded folder names the id; only a run from scratch says so."""
+    from llmpipe.hub.card import build_release
+
+    r, local = trained_run["tmp"], prepared["init"]
+    init_from = {"scratch": None, "local": str(local), "hub id": "org/tiny@v1"}[start]
+    cfg = {**trained_run["cfg"], "model": {**trained_run["cfg"]["model"], "init_from": init_from}}
+    out = tmp_path / "release"
+    args = (r / "hf", prepared["manifest"], prepared["root"] / "sources.json", r / "metrics.jsonl", r / "eval.json")
+    facts = build_release(cfg, *args, r / "final" / "train_summary.json", out)
+    card = (out / "README.md").read_text()
+    front = yaml.safe_load(card.split("---")[1])
+    base = facts["model"]["base_model"]
+    assert ("none (trained from scratch)" in card) == (start == "scratch")
+    if start == "local":
+        weights = {p.name: p.stat().st_size for p in local.glob("*.safetensors")}
+        assert weights and base == {
+            "path": str(local),
+            "config_sha256": hashlib.sha256((local / "config.json").read_bytes()).hexdigest(),
+            "weights_bytes": weights,
+        }
+        assert json.dumps(base) in card and "base_model" not in front  # the Hub's field takes a repo id only
+    elif start == "hub id":
+        assert base == {"repo_id": "org/tiny", "revision": "v1"} and front["base_model"] == "org/tiny"
+    assert json.loads((out / "card.json").read_text())["model"]["base_model"] == base
+
+
 def test_dry_run_hub_rules(tmp_path):
     conf = tmp_path / "c.yaml"
     base = {

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import yaml
 
+from llmpipe.hub import is_hub_ref, parse_ref
 from llmpipe.io import atomic_path, sha256_file, write_json
 
 log = logging.getLogger(__name__)
@@ -153,7 +154,8 @@ def card_facts(
         "evaluation": evaluation,
         "pipeline": pipeline_version(),
         "licenses": {
-            "model": release["license"] or "apache-2.0",  # from scratch; with a base the config requires it set
+            # from scratch: apache-2.0; a base's terms bind its derivative (a release requires the key set then)
+            "model": release["license"] or ("apache-2.0" if base is None else "not set"),
             "data": release["data_license"],
             "code": release["code_license"],
         },
@@ -249,6 +251,27 @@ _HUB_LICENSES = {
 }
 
 
+def base_model(cfg: dict, base: str | Path | None) -> dict | None:
+    """The base model as the card names it: the Hub's record of a downloaded base (`base`/hub.json), else
+    model.init_from itself (a local folder: its path, the sha256 of its config.json and the size of each
+    weights file, read now); None when the run started from scratch."""
+    if base and (Path(base) / "hub.json").is_file():
+        record = json.loads((Path(base) / "hub.json").read_text())
+        return {k: record.get(k) for k in ("repo_id", "revision", "commit", "path") if record.get(k)}
+    init_from = cfg["model"].get("init_from")
+    if not init_from:
+        return None
+    if is_hub_ref(init_from):  # no downloaded folder given: the reference as configured
+        repo_id, revision = parse_ref(init_from, cfg["hub"].get("revision"))
+        return {"repo_id": repo_id, **({"revision": revision} if revision else {})}
+    folder = Path(init_from)
+    record = {"path": str(init_from)}
+    if (folder / "config.json").is_file():
+        record["config_sha256"] = sha256_file(folder / "config.json")
+    weights = sorted(p for pattern in ("*.safetensors", "*.bin") for p in folder.glob(pattern) if p.is_file())
+    return record | ({"weights_bytes": {p.name: p.stat().st_size for p in weights}} if weights else {})
+
+
 def build_release(
     cfg: dict,
     hf_dir: str | Path,
@@ -265,9 +288,7 @@ def build_release(
 
     hf_dir, out = Path(hf_dir), Path(out)
     recs = read_metrics(metrics)  # none: no curve (a backend without metrics.jsonl, or none matched)
-    base_record = json.loads((Path(base) / "hub.json").read_text()) if base and (Path(base) / "hub.json").is_file() else None
-    if base_record:
-        base_record = {k: base_record.get(k) for k in ("repo_id", "revision", "commit", "path") if base_record.get(k)}
+    base_record = base_model(cfg, base)
     manifest_data = json.loads(Path(manifest).read_text())
     facts = card_facts(
         cfg,
