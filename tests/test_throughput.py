@@ -1,6 +1,8 @@
 """Model TFLOP/s and MFU: the device peak table (llmpipe.devices), its agreement with hardware.yaml, the
 metrics fields (llmpipe.train.throughput) and the report's throughput figure."""
 
+import json
+
 import pytest
 import yaml
 
@@ -89,3 +91,35 @@ def test_report_without_a_device_peak_plots_tflops_and_says_why_no_mfu():
     lines = lines_by_label(fig)
     assert "MFU" not in lines and lines["model TFLOP/s per device"].get_ydata()[0] > 0
     assert any("no MFU" in text.get_text() for ax in fig.axes for text in ax.texts)
+
+
+def test_tokens_per_s_counts_the_training_steps_only(tmp_path, monkeypatch):
+    """Validation and checkpoints take time between steps; tokens_per_s (and MFU from it) leaves that time out."""
+    import types
+
+    from llmpipe.train import loop
+    from llmpipe.train.batching import Sampler
+    from llmpipe.train.metrics import MetricsWriter
+
+    now = [100.0]  # a clock the steps move: 2 s a step, 30 s a validation, 50 s a checkpoint
+    monkeypatch.setattr(loop, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+
+    class Trainer:
+        def train_step(self, step):
+            now[0] += 2.0
+            return 3.0, 1e-4, 1.0
+
+        def validate(self):
+            now[0] += 30.0
+            return 2.5, 64
+
+        def save(self, step):
+            now[0] += 50.0
+
+    t = {"global_batch_size": 4, "seq_len": 16, "max_steps": 6, "eval_interval": 2, "save_interval": 3, "log_interval": 1}
+    metrics = MetricsWriter(tmp_path / "metrics.jsonl")
+    loop.StepLoop(t, Sampler(64, 0), 0, metrics, True).run(Trainer())
+    metrics.close()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6] and "val_loss" in records[1]
+    assert all(r["tokens_per_s"] == pytest.approx(4 * 16 / 2.0) for r in records)

@@ -2,8 +2,8 @@
 train / train_step / forward_backward split: the loop here decides when to validate, log, checkpoint and
 stop; a backend's trainer does one step (`train_step`), validation (`validate`) and checkpoints (`save`).
 
-A metrics record a step: step, loss, lr, grad_norm, tokens, epoch, tokens_per_s, tflops_per_device and
-mfu (llmpipe.train.throughput; null where unknown) (+ val_loss, val_tokens at validation steps, + what
+A metrics record a step: step, loss, lr, grad_norm, tokens, epoch, tokens_per_s (training steps only: time in
+validation and checkpoints left out), tflops_per_device and mfu (llmpipe.train.throughput; null where unknown) (+ val_loss, val_tokens at validation steps, + what
 the trainer's optional `step_metrics()` adds, e.g. the torch trainer's data_wait_s and step_s).
 Steps count from 1: step s is the state after s optimizer steps.
 """
@@ -50,6 +50,7 @@ class StepLoop:
             log.info("%s", throughput.describe())
         self.tokens_per_step = t["global_batch_size"] * t["seq_len"]
         self.clock = time.perf_counter()
+        self.aside = 0.0  # seconds in validation and checkpoints: not training, kept out of tokens_per_s
 
     def run(self, trainer: Steps, stop_after: int | None = None) -> tuple[bool, float | None]:
         """(stopped early by `stop_after`, the last validation loss seen here or None)."""
@@ -59,21 +60,28 @@ class StepLoop:
             record = self.record(done, *trainer.train_step(step))
             if (extra := getattr(trainer, "step_metrics", None)) is not None:
                 record.update(extra())
-            if due(done, t["eval_interval"], t["max_steps"]) and (val := trainer.validate()) is not None:
+            if due(done, t["eval_interval"], t["max_steps"]) and (val := self.timed_aside(trainer.validate)) is not None:
                 record.update(val_loss=val[0], val_tokens=val[1])
                 last_val = val[0]
             self.metrics.write(record)
             self.log(record)
             if due(done, t["save_interval"], t["max_steps"]) or done == stop_after:
-                trainer.save(done)
+                self.timed_aside(trainer.save, done)
             if done == stop_after and done < t["max_steps"]:
                 if self.main:
                     log.info("stopping after step %d as asked (--stop-after); rerun to resume", done)
                 return True, last_val
         return False, last_val
 
+    def timed_aside(self, work, *args):
+        began = time.perf_counter()
+        try:
+            return work(*args)
+        finally:
+            self.aside += time.perf_counter() - began
+
     def record(self, done: int, loss: float, lr: float, grad_norm: float | None) -> dict:
-        elapsed = time.perf_counter() - self.clock
+        elapsed = time.perf_counter() - self.clock - self.aside  # training steps only
         tokens_per_s = (done - self.start) * self.tokens_per_step / max(elapsed, 1e-9)
         return {
             "step": done,
