@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import sys
 from pathlib import Path
 
 from llmpipe.io import sha256_file, write_json
@@ -52,11 +53,23 @@ def init_sha256(init_dir: Path) -> str:
     return h.hexdigest()
 
 
+def world_init_sha256(init_dir: Path) -> str:
+    """init_sha256 read once per training world: in a torch.distributed world rank 0 reads the weights and the
+    other ranks take its digest (each rank reading them all cost every rank the whole model, 140 GB for a 70B)."""
+    dist = sys.modules.get("torch.distributed")  # a trainer has it initialised by now; a launcher has no world
+    if dist is None or not dist.is_initialized() or dist.get_world_size() == 1:
+        return init_sha256(init_dir)
+    box = [init_sha256(init_dir) if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def fingerprint(cfg: dict, init_dir: Path, view_dir: Path, **sections: dict) -> dict:
     """What a checkpoint must agree on to be resumed: the train.* settings (RESUME_NEUTRAL left out), any
     backend `sections` (e.g. colossal= its parallel layout), the initial model and the data view."""
     view = json.loads((Path(view_dir) / "view.json").read_text())
-    return {"train": train_settings(cfg), **sections, "init_sha256": init_sha256(Path(init_dir)), "view": view["fingerprint"]}
+    init = world_init_sha256(Path(init_dir))
+    return {"train": train_settings(cfg), **sections, "init_sha256": init, "view": view["fingerprint"]}
 
 
 def changed_keys(old: dict, new: dict) -> dict:
