@@ -18,6 +18,7 @@ from llmpipe.data.readers import HF_PREFIX
 from llmpipe.data.tokenizer import TOKENIZER_FILES
 from llmpipe.data.tokenize import num_jobs as tokenize_jobs, shards_per_job
 from llmpipe.hub import is_hub_ref
+from llmpipe.hub.download import moved_since
 from llmpipe.train.resume import RESUME_NEUTRAL, changed_settings
 from llmpipe.data.sources import expand_sources, stat_digest
 from llmpipe.data.remote_keys import digest as remote_digest, is_remote, remote_identities
@@ -242,6 +243,8 @@ def tokenizer_inputs(wildcards):
 # Hub inputs (rules/hub.smk): a Hub id in model.init_from is downloaded to HUB_BASE first; hub.datasets
 # are materialised as Parquet files (list those paths in data.sources).
 HUB_BASE = f"{RUN}/checkpoints/base"
+if is_hub_ref(config["model"]["init_from"]) and (_moved := moved_since(HUB_BASE, config["hub"]["endpoint"])):
+    print(f"llmpipe: warning: {_moved}", file=sys.stderr)  # kept, not downloaded again (moved_since says why)
 HUB_DATASETS = {d["name"]: f"{RUN}/data/hub/{d['name']}.parquet" for d in config["hub"]["datasets"]}
 # Tokenize jobs: fewer sources than shards (every shard reads every source) -> one job reading each source
 # once for all shards, its threads encoding, unless every source is cut into byte ranges; otherwise

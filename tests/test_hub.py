@@ -511,6 +511,43 @@ def test_snakemake_download_model_feeds_tokenizer_and_init(hub_models, tmp_path)
     no_token_in(tmp_path / "results", texts=(proc.stdout, proc.stderr))
 
 
+def test_a_moved_branch_is_named_and_the_downloaded_base_kept(hub_models, tmp_path):
+    """model.init_from on a branch that moves after the download: planning names both commits and keeps the
+    downloaded base (nothing to redo, so a run mid-training goes on from the model it began with); offline, the
+    Hub is not asked."""
+    h = hub_models
+    hub, repo = h["hub"], Repo()
+    first = repo.commit(dict(hub.repos[("model", "org/tiny")].commits[h["sha1"]]), ref="main")
+    hub.repos[("model", "org/moving")] = repo
+    base = tmp_path / "results" / "r" / "checkpoints" / "base"
+    conf = tmp_path / "c.yaml"
+    hub_cfg = {"endpoint": hub.url, "cache_dir": str(tmp_path / "cache")}
+    conf.write_text(
+        yaml.safe_dump(
+            {"run": "r", "results_dir": str(tmp_path / "results"), "model": {"init_from": "org/moving"}, "hub": hub_cfg}
+        )
+    )
+
+    def plan(*extra, **env):
+        cmd = [sys.executable, "-m", "snakemake", str(base), "--cores", "1", "--nolock", "--configfile", str(conf), *extra]
+        pythonpath = f"{REPO / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
+        proc = subprocess.run(
+            cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": pythonpath, **env}
+        )
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        return proc.stdout + proc.stderr
+
+    plan()
+    assert json.loads((base / "hub.json").read_text())["commit"] == first
+    assert "points to commit" not in plan("-n")
+    moved = repo.commit({**repo.commits[first], "README.md": b"a later commit"}, ref="main")
+    out = plan("-n")
+    assert f"org/moving@main points to commit {moved} now; {base} holds {first}" in out
+    assert "Nothing to be done" in out and "download_model" not in out  # kept
+    asked = len(hub.requests)
+    assert "points to commit" not in plan("-n", HF_HUB_OFFLINE="1") and len(hub.requests) == asked
+
+
 def test_interrupted_download_leaves_nothing_and_resumes(hub_models, tmp_path):
     """A transfer that fails mid-snapshot: no output folder; the rerun fetches only what is missing."""
     h = hub_models

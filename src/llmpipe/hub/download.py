@@ -134,6 +134,34 @@ def download_model(
     return record
 
 
+def moved_since(base_dir: str | Path, endpoint: str | None = None) -> str | None:
+    """One line when the branch (or tag) a downloaded base model (`base_dir`/hub.json) was taken from points to
+    another commit now, else None (not downloaded from the Hub yet, pinned to a commit, unmoved, offline, or the
+    Hub unreachable). The plan does not download it again: that would retrain from another base mid-run. Asked
+    once per planning."""
+    from llmpipe.data.remote_keys import hub_commit
+
+    record_file = Path(base_dir) / "hub.json"
+    if not record_file.is_file() or os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        return None
+    record = json.loads(record_file.read_text())
+    if record.get("source") != "hub":
+        return None
+    try:
+        now = hub_commit(record["repo_id"], record["revision"], "model", endpoint)
+    except Exception:  # no answer: the plan goes on with the model it has
+        return None
+    if now == record["commit"]:
+        return None
+    where = f"{record['repo_id']}@{record['revision']}"
+    return (
+        f"{where} points to commit {now} now; {base_dir} holds {record['commit']}, which this run keeps training "
+        f"from. To take the new one, remove {base_dir}: the next run downloads it, and checkpoints trained from the "
+        f"old one stop training until you restart (train.resume false) or name a new run. To keep the old one "
+        f"quietly, pin model.init_from to {record['repo_id']}@{record['commit']}"
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     from llmpipe import config as cfgmod
 
