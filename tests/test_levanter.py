@@ -578,3 +578,40 @@ def test_restart_is_resumed_by_its_retry(trained, tmp_path):
 
     a, b = (load_file(tmp_path / f / "model.safetensors") for f in ("final1", "final2"))
     assert a.keys() == b.keys() and all(np.allclose(a[k], b[k], rtol=0, atol=1e-5) for k in a)
+
+
+@pytest.mark.slow
+def test_continued_pretraining_starts_from_the_base(trained, tmp_path):
+    """model.init_from: the trained run's HF export is the base of a new run on the same tokens. Levanter loads
+    it (initialize_from_hf from our reference folder), so the new run's first losses are where the base ended,
+    not where a new model starts."""
+    run = trained["run"]
+    recs = [json.loads(line) for line in (run / "train" / "metrics.jsonl").read_text().splitlines()]
+    scratch, ended = (sum(r["loss"] for r in part) / 3 for part in (recs[:3], recs[-3:]))
+    assert ended < scratch - 0.8, (scratch, ended)  # the base learned: the two are told apart
+    steps = 6
+    cfg = merge(
+        run_config(),
+        {
+            "run": "cont",
+            "model": {"init_from": str(run / "hf")},
+            "train": {
+                "max_steps": steps,
+                "save_interval": steps,
+                "eval_interval": steps,
+                "warmup_steps": 1,
+                "lr": 1e-4,
+                "min_lr": 1e-5,
+            },
+        },
+    )
+    args = ["-m", "llmpipe", "levanter-train", "--config", json.dumps(cfg), "--cache", str(run / "data/views/levanter")]
+    args += ["--tokenizer", str(run / "tokenizer"), "--init", str(run / "hf"), "--output", str(tmp_path / "out")]
+    args += ["--workdir", str(tmp_path / "work"), "--out", str(tmp_path / "final"), "--metrics", str(tmp_path / "m.jsonl")]
+    env = {**os.environ, "PYTHONPATH": str(trained["work"] / "src")}
+    proc = subprocess.run([str(LEV_PY), *args, "--jax-platforms", "cpu"], capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cont = [json.loads(line)["loss"] for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert len(cont) >= 2 and abs(cont[0] - ended) < 0.5 and cont[0] < scratch - 0.6, (scratch, ended, cont)
+    lev = yaml.safe_load((tmp_path / "work" / "config.yaml").read_text())
+    assert lev["initialize_from_hf"] == str((tmp_path / "work" / "reference").resolve()) and lev["use_hf_model_config"]
