@@ -243,8 +243,10 @@ def tokenizer_inputs(wildcards):
 # Hub inputs (rules/hub.smk): a Hub id in model.init_from is downloaded to HUB_BASE first; hub.datasets
 # are materialised as Parquet files (list those paths in data.sources).
 HUB_BASE = f"{RUN}/checkpoints/base"
-if is_hub_ref(config["model"]["init_from"]) and (_moved := moved_since(HUB_BASE, config["hub"]["endpoint"])):
-    print(f"llmpipe: warning: {_moved}", file=sys.stderr)  # kept, not downloaded again (moved_since says why)
+# asked by the main process only: a cluster job's node may have no network (and the answer changes nothing)
+if workflow.is_main_process and is_hub_ref(config["model"]["init_from"]):
+    if _moved := moved_since(HUB_BASE, config["hub"]["endpoint"]):
+        print(f"llmpipe: warning: {_moved}", file=sys.stderr)  # kept, not downloaded again (moved_since says why)
 HUB_DATASETS = {d["name"]: f"{RUN}/data/hub/{d['name']}.parquet" for d in config["hub"]["datasets"]}
 # Tokenize jobs: fewer sources than shards (every shard reads every source) -> one job reading each source
 # once for all shards, its threads encoding, unless every source is cut into byte ranges; otherwise

@@ -3,8 +3,9 @@ train / train_step / forward_backward split: the loop here decides when to valid
 stop; a backend's trainer does one step (`train_step`), validation (`validate`) and checkpoints (`save`).
 
 A metrics record a step: step, loss, lr, grad_norm, tokens, epoch, tokens_per_s (training steps only: time in
-validation and checkpoints left out), tflops_per_device and mfu (llmpipe.train.throughput; null where unknown) (+ val_loss, val_tokens at validation steps, + what
-the trainer's optional `step_metrics()` adds, e.g. the torch trainer's data_wait_s and step_s).
+validation and checkpoints left out), tflops_per_device and mfu (llmpipe.train.throughput; null where unknown)
+(+ val_loss, val_tokens at validation steps, + what the trainer's optional `step_metrics()` adds, e.g. the torch
+trainer's data_wait_s and step_s).
 Steps count from 1: step s is the state after s optimizer steps.
 """
 
