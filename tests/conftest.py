@@ -180,3 +180,44 @@ def prepared(tmp_path_factory):
     out = prepare(tmp, cfg, views=("hf", "litgpt"))
     init_model(cfg, tmp / "tokenizer", tmp / "init")
     return {**out, "init": tmp / "init", "litgpt": tmp / "litgpt"}
+
+
+def big_llama(folder: Path, dtype: str = "float32", seq_len: int = 2048) -> tuple[int, int]:
+    """A 16-layer Llama of 87 M parameters (349 MB in float32; its largest tensors, the 32000-row embedding and
+    head, 66 MB in float32) saved by save_pretrained in `dtype`, for the memory tests of the tensor-by-tensor
+    copies: (parameters, bytes of its largest tensor in float32)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    conf = LlamaConfig(
+        vocab_size=32000,
+        hidden_size=512,
+        intermediate_size=1536,
+        num_hidden_layers=16,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+        max_position_embeddings=seq_len,
+        tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(conf).to(getattr(torch, dtype))
+    model.save_pretrained(folder)
+    return sum(p.numel() for p in model.parameters()), max(p.numel() for p in model.parameters()) * 4
+
+
+def peak_growth(script: str, *args: str) -> int:
+    """Bytes a fresh Python process running `script` (with `args`) grew over the RSS it had when the script reset
+    its peak: the script prints {"base_kb": VmRSS then, "peak_kb": VmHWM at the end} as its last line."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    return (got["peak_kb"] - got["base_kb"]) * 1024

@@ -241,19 +241,30 @@ def test_disk_estimate_counts_the_hf_views_bytes_per_token(prepared):
 
 
 def test_a_whole_model_step_with_too_little_memory_is_named():
-    """init_model and evaluate hold the whole model in float32 (7.4-7.8 bytes a parameter measured):
-    slurm-trn1's 64 GB for them and the 70B preset (70.6 B parameters) would be killed by Slurm, init_model
-    before any training. The trn2 profile (70B default) gives them 600 GB. export_hf streams (not named)."""
+    """evaluate holds the whole model in float32 (7.4-7.8 bytes a parameter measured), and so does init_model
+    for a new model: slurm-trn1's 64 GB for them and the 70B preset (70.6 B parameters) would be killed by
+    Slurm. init_model streams a safetensors base (the preset's Hub base, a local folder) and export_hf
+    streams: neither is named then. The trn2 profile (70B default) gives evaluate 600 GB, init_model 64 GB."""
     from llmpipe import config, profiles
 
-    spec = profiles.profile_settings(profiles.profile_dir("slurm-trn1"))
-    big = config.validate({"preset": "llama-3-70b-trn1"}, whole=False)
+    trn1 = profiles.profile_dir("slurm-trn1")
+    spec = profiles.profile_settings(trn1)
+
+    def preset(**user):  # as doctor layers it: defaults < preset < the profile's overlay < the user's
+        return config.validate(profiles.layered({"preset": "llama-3-70b-trn1", **user}, trn1)[0], whole=False)
+
+    big = preset()
+    assert big["model"]["init_from"].startswith("meta-llama/")
     (line,) = doctor.memory(big, spec, 70_553_706_496)
-    assert line.startswith("memory: init_model 64000, evaluate 64000 MB") and "70.6 B parameters" in line
-    assert "init_model: {mem_mb: 539306}" in line
+    assert line.startswith("memory: evaluate 64000 MB") and "70.6 B parameters" in line
+    assert "evaluate: {mem_mb: 539306}" in line and "init_model" not in line
+    new = preset(model={"init_from": None}, tokenizer={"source": "data/tokenizers/gpt2"})  # a new 70B model
+    (line,) = doctor.memory(new, spec, 70_553_706_496)
+    assert line.startswith("memory: init_model 64000, evaluate 64000 MB") and "init_model: {mem_mb: 539306}" in line
     assert doctor.memory(config.validate({"preset": "llama-2-7b-trn1"}, whole=False), spec, 6_738_415_616) == []
-    trn2 = profiles.profile_settings(profiles.profile_dir("slurm-trn2"))
-    assert doctor.memory(config.validate({}, whole=False), trn2, 70_553_706_496) == []
+    trn2 = profiles.profile_dir("slurm-trn2")  # its default: the 70B from Meta's weights, streamed by init_model
+    trn2_default = config.validate(profiles.layered({}, trn2)[0], whole=False)
+    assert doctor.memory(trn2_default, profiles.profile_settings(trn2), 70_553_706_496) == []
 
 
 def test_the_check_before_the_first_job_names_memory_and_checkpoint_disk_too(tmp_path, capsys):

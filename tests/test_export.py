@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
 from llmpipe import export as export_mod
-from tests.conftest import REPO
+from llmpipe.model import weights as weights_mod
+from tests.conftest import big_llama, peak_growth
 
 
 def logits(folder, ids):
@@ -51,7 +50,7 @@ def test_streamed_export_equals_the_loaded_model_saved(prepared, tmp_path, dtype
 
 
 def test_large_export_is_split_with_an_index_and_loads_the_same(prepared, tmp_path, monkeypatch):
-    monkeypatch.setattr(export_mod, "MAX_FILE_BYTES", 64 << 10)
+    monkeypatch.setattr(weights_mod, "MAX_FILE_BYTES", 64 << 10)
     export_mod.export(prepared["init"], prepared["tokenizer"], tmp_path / "hf", "float32")
     files = sorted(p.name for p in (tmp_path / "hf").glob("model-*.safetensors"))
     index = json.loads((tmp_path / "hf" / "model.safetensors.index.json").read_text())
@@ -96,35 +95,10 @@ def test_memory_is_bounded_by_the_largest_tensor(prepared, tmp_path):
     """A 16-layer model of 87 M parameters (349 MB in fp32; its largest tensor 66 MB): the export's peak over
     its fixed costs stays under 3 x that tensor (121 MB here: the fp32 read, the bf16 buffer written, the
     finite check's mask), where loading the model whole took 582 MB."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    conf = LlamaConfig(
-        vocab_size=32000,
-        hidden_size=512,
-        intermediate_size=1536,
-        num_hidden_layers=16,
-        num_attention_heads=8,
-        num_key_value_heads=8,
-        tie_word_embeddings=False,
-    )
-    model = LlamaForCausalLM(conf)
-    model.save_pretrained(tmp_path / "big", safe_serialization=True)
-    params = sum(p.numel() for p in model.parameters())
-    largest = max(p.numel() for p in model.parameters()) * 4
-    del model
+    params, largest = big_llama(tmp_path / "big")
     tok = tmp_path / "tok"  # a tokenizer of at most the model's 32000 rows
     shutil.copytree(prepared["tokenizer"], tok)
-    proc = subprocess.run(
-        [sys.executable, "-c", MEASURE, str(tmp_path / "big"), str(tok), str(tmp_path / "hf")],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
-    grew = (got["peak_kb"] - got["base_kb"]) * 1024
+    grew = peak_growth(MEASURE, str(tmp_path / "big"), str(tok), str(tmp_path / "hf"))
     assert params * 4 > 5 * largest
     assert grew < 3 * largest, (grew / 1e6, largest / 1e6, params * 4 / 1e6)
     assert weights(tmp_path / "hf").keys() == weights(tmp_path / "big").keys()

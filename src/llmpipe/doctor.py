@@ -360,11 +360,23 @@ def disk(cfg: dict, sizes: tuple[int, int | None]) -> list[str]:
     return []
 
 
-# Steps that hold the whole model in float32 in one process: init_model (the base, then its save) and
-# evaluate. Measured on a 252 M-parameter bf16 base: 7.4-7.8 bytes a parameter peak RSS. (export_hf streams
-# tensor by tensor since 2026-11-30: about 2x its largest tensor, tests/test_export.py.)
+# Steps that hold the whole model in float32 in one process: init_model for a new model or a base without
+# safetensors weights (the base, then its save; a safetensors base streams tensor by tensor since 2026-12-02,
+# tests/test_model_init.py) and evaluate. Measured on a 252 M-parameter bf16 base: 7.4-7.8 bytes a parameter
+# peak RSS. (export_hf streams tensor by tensor since 2026-11-30: about 2x its largest tensor, tests/test_export.py.)
 WHOLE_MODEL_RULES = ("init_model", "evaluate")
 WHOLE_MODEL_BYTES = 8
+
+
+def whole_model_rules(cfg: dict) -> tuple[str, ...]:
+    """WHOLE_MODEL_RULES but init_model where it streams its base: a Hub id (downloaded as safetensors) or a
+    local folder with safetensors weights (one whose tensors are not its model's is still loaded whole)."""
+    from llmpipe.hub import is_hub_ref
+
+    base = cfg["model"]["init_from"]
+    if base and (is_hub_ref(base) or any(Path(base).glob("*.safetensors"))):
+        return tuple(r for r in WHOLE_MODEL_RULES if r != "init_model")
+    return WHOLE_MODEL_RULES
 
 
 def memory(cfg: dict, spec: dict, params: int | None) -> list[str]:
@@ -374,7 +386,7 @@ def memory(cfg: dict, spec: dict, params: int | None) -> list[str]:
         return []
     need_mb = (WHOLE_MODEL_BYTES * params + GIB) // 2**20
     res = dict(_named_resources(spec, cfg))
-    short = [(r, res.get(r, res["default"]).get("mem_mb")) for r in WHOLE_MODEL_RULES]
+    short = [(r, res.get(r, res["default"]).get("mem_mb")) for r in whole_model_rules(cfg)]
     short = [(r, mb) for r, mb in short if str(mb).isdigit() and int(mb) < need_mb]  # mem_mb is MB (an int)
     if not short:
         return []

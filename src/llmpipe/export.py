@@ -11,21 +11,12 @@ from pathlib import Path
 import torch
 
 from llmpipe import config as cfgmod
-from llmpipe.data import stfile
 from llmpipe.data.tokenizer import TokenizerMismatch, check_same_tokenizer, copy_tokenizer_files, load_tokenizer
 from llmpipe.io import atomic_path
 from llmpipe.model.folder import FolderError, model_folder, tokenizer_folder
 from llmpipe.model.hf_compat import legacy_readable
-from llmpipe.model.safetensors_out import (
-    DTYPES,
-    MAX_FILE_BYTES,
-    READ_DTYPES,
-    map_large_allocations,
-    not_weight,
-    plan_files,
-    write_index,
-    write_safetensors,
-)
+from llmpipe.model.safetensors_out import DTYPES, not_weight
+from llmpipe.model.weights import copy_weights, generation_config, tensors_of, weight_files
 
 log = logging.getLogger(__name__)
 EMBEDDING = "model.embed_tokens.weight"  # a Llama-family model's input embedding
@@ -40,44 +31,6 @@ def check_tokenizer(trained: str | Path, tokenizer_dir: str | Path, manifest: st
     check_same_tokenizer(tokenizer_dir, expected, f"the token store {manifest}")
     if (Path(trained) / "tokenizer.json").is_file():
         check_same_tokenizer(trained, expected, f"the token store {manifest}")
-
-
-def weight_files(folder: Path) -> list[Path] | None:
-    """The safetensors files of an HF model folder (its index's, or model.safetensors); None: .bin weights."""
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        return sorted({folder / f for f in json.loads(index.read_text())["weight_map"].values()})
-    return [folder / "model.safetensors"] if (folder / "model.safetensors").is_file() else None
-
-
-def tensors_of(files: list[Path], skip) -> dict[str, tuple[Path, int, str, tuple]]:
-    """name -> (file, data offset, safetensors dtype, shape) of each tensor, from the files' headers only. A name
-    the file's metadata maps to a tensor it holds (safetensors' save_model keeps one name of tied weights, the
-    first in sorted order: a tied Llama's lm_head.weight, its embedding's name left in the metadata) reads
-    that tensor."""
-    out = {}
-    for path in files:
-        header, base = stfile.header(path)
-        meta = header.get("__metadata__") or {}
-        aliases = {name: kept for name, kept in meta.items() if name not in header and kept in header and kept != "__metadata__"}
-        for name, info in [*header.items(), *((a, header[kept]) for a, kept in aliases.items())]:
-            if name != "__metadata__" and not skip(name) and name not in out:
-                if info["dtype"] not in READ_DTYPES:
-                    raise ValueError(f"{path}: tensor {name} is {info['dtype']}, not a float weight")
-                out[name] = (path, base + info["data_offsets"][0], info["dtype"], tuple(info["shape"]))
-    return out
-
-
-def read_tensor(path: Path, at: int, st_dtype: str, shape: tuple) -> torch.Tensor:
-    """One tensor, read with pread (no memory map: mapped pages would stay in RSS)."""
-    dtype = READ_DTYPES[st_dtype]
-    n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    buf = bytearray(n)
-    with open(path, "rb") as fh:
-        fh.seek(at)
-        if fh.readinto(buf) != n:
-            raise ValueError(f"{path}: cut short (tensor at byte {at})")
-    return torch.frombuffer(buf, dtype=dtype).reshape(shape) if n else torch.empty(shape, dtype=dtype)
 
 
 def export(
@@ -103,42 +56,18 @@ def export(
         raise SystemExit(f"llmpipe export: --trained {trained} ties its embeddings but holds no {EMBEDDING} (nor a name for it)")
     rows = found[EMBEDDING][3][0] if EMBEDDING in found else config.vocab_size
     check_rows(rows, len(load_tokenizer(tokenizer_dir)), tokenizer_dir, trained)
-    torch_dtype, bad = DTYPES[dtype], []
-
-    def fill(name):
-        def put(t: torch.Tensor) -> None:
-            t.copy_(read_tensor(*found[name]))  # cast as copied: no third copy
-            if not torch.isfinite(t).all():
-                bad.append(name)
-
-        return put
-
-    map_large_allocations()
-    plan = plan_files([(name, info[3]) for name, info in found.items()], torch_dtype, MAX_FILE_BYTES)
+    torch_dtype = DTYPES[dtype]
     with atomic_path(out_dir) as tmp:
         tmp.mkdir()
-        entries = ((name, fill(name)) for name in found)
-        for fname, planned in plan.items():
-            write_safetensors(tmp / fname, planned, entries, torch_dtype)
+        files_written, bad = copy_weights(found, tmp, torch_dtype)
         refuse_non_finite(trained, bad)
-        write_index(tmp, plan, torch_dtype)
         config.dtype = torch_dtype
         config.save_pretrained(str(tmp))
         generation_config(trained, config).save_pretrained(str(tmp))
         copy_tokenizer_files(tokenizer_dir, tmp)
         legacy_readable(tmp)  # transformers 4.x readers get the same RoPE and a tokenizer class they have
     count = sum(math.prod(info[3]) for info in found.values())
-    log.info("exported %s -> %s (%s, %d parameters, %d file(s))", trained, out_dir, dtype, count, len(plan))
-
-
-def generation_config(trained: str, config):
-    """The trained folder's generation_config.json, else the one transformers derives from its config."""
-    from transformers import GenerationConfig
-
-    try:
-        return GenerationConfig.from_pretrained(trained, local_files_only=True)
-    except OSError:
-        return GenerationConfig.from_model_config(config)
+    log.info("exported %s -> %s (%s, %d parameters, %d file(s))", trained, out_dir, dtype, count, files_written)
 
 
 def check_rows(rows: int, entries: int, tokenizer_dir, trained) -> None:

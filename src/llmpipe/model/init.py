@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 from pathlib import Path
 
 import torch
@@ -12,6 +13,8 @@ from llmpipe import config as cfgmod
 from llmpipe.data.tokenizer import copy_tokenizer_files, load_tokenizer
 from llmpipe.io import atomic_path
 from llmpipe.model.hf_compat import legacy_readable
+from llmpipe.model.safetensors_out import not_weight
+from llmpipe.model.weights import Found, copy_weights, generation_config, tensors_of, weight_files
 
 log = logging.getLogger(__name__)
 
@@ -91,19 +94,61 @@ def load_base(base: str | Path, allow_pickle: bool):
         ) from None
 
 
-def match_special_tokens(model, tok) -> None:
+def match_special_tokens(config, generation, tok) -> None:
     """A base trained on with another tokenizer (one whose EOS is not among the base's): config and generation
     config take that tokenizer's BOS / EOS / PAD ids, the ones the data is separated with, so generation stops
     where the model learned to. With the base's own tokenizer its ids stay (Llama-3.1's list of EOS ids too)."""
-    eos = model.config.eos_token_id
+    eos = config.eos_token_id
     if tok.eos_token_id is None or tok.eos_token_id in (eos if isinstance(eos, list) else [eos]):
         return
     ids = special_ids(tok)
     log.warning("the tokenizer is not the base model's: special token ids %s (the base had eos %s)", ids, eos)
     for key, value in ids.items():
-        setattr(model.config, key, value)
-        if model.generation_config is not None:
-            setattr(model.generation_config, key, value)
+        setattr(config, key, value)
+        if generation is not None:
+            setattr(generation, key, value)
+
+
+class Streamed:
+    """A base whose safetensors hold exactly the weights of the model its config.json describes (names and
+    shapes, held against that model built on the meta device: no memory): copied tensor by tensor into
+    float32, as from_pretrained + save_pretrained would write it, in about 2x its largest tensor."""
+
+    def __init__(self, config, model, found: Found):
+        self.config, self.found = config, found
+        self.architecture = type(model).__name__
+        self.rows = model.get_input_embeddings().weight.shape[0]
+        self.parameters = sum(math.prod(info[3]) for info in found.values())
+
+
+def streamed(base: str | Path) -> Streamed | None:
+    """The base as a Streamed, or None where it must be loaded whole (.bin weights, tensors other than its
+    model's, persistent buffers): the reason is logged."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    files = weight_files(Path(base))
+    if files is None:
+        return None
+    config = AutoConfig.from_pretrained(str(base), trust_remote_code=False, local_files_only=True)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
+    params = {name: tuple(p.shape) for name, p in model.named_parameters()}  # tied weights once, under the first name
+    saved = model.state_dict()
+    tied = set(saved) - set(params)  # a tied weight's other names (lm_head.weight), or persistent buffers
+    if tied & {name for name, _ in model.named_buffers()}:
+        log.info("model.init_from %s: loaded whole (its model has persistent buffers)", base)
+        return None
+    found = tensors_of(files, lambda name: not_weight(name) or name in tied)
+    if {n: info[3] for n, info in found.items()} != params:
+        missing, extra = sorted(set(params) - set(found)), sorted(set(found) - set(params))
+        log.info(
+            "model.init_from %s: loaded whole (names or shapes not its model's: missing %s, extra %s)",
+            base,
+            missing[:3],
+            extra[:3],
+        )
+        return None
+    return Streamed(config, model, found)
 
 
 def init_model(cfg: dict, tokenizer_dir: str | Path, out_dir: str | Path) -> None:
@@ -113,17 +158,14 @@ def init_model(cfg: dict, tokenizer_dir: str | Path, out_dir: str | Path) -> Non
     if base:
         weights_format(base, cfg["model"]["allow_pickle"])  # refuse pickles before any heavy work
     tok = load_tokenizer(tokenizer_dir)
+    stream = streamed(base) if base else None
+    if stream is not None:
+        return init_streamed(cfg, base, stream, tok, tokenizer_dir, out_dir)
     if base:
         model = load_base(base, cfg["model"]["allow_pickle"])
-        rows = model.get_input_embeddings().weight.shape[0]
-        if rows < len(tok):
-            raise ValueError(f"model.init_from {base} has {rows} embedding rows but the tokenizer has {len(tok)} tokens")
-        if model.config.max_position_embeddings < cfg["train"]["seq_len"]:  # a Hub base: known only now
-            from llmpipe.config import seq_len_past_base
-
-            raise ValueError(seq_len_past_base(cfg["train"]["seq_len"], model.config.max_position_embeddings))
-        match_special_tokens(model, tok)
-        log.info("continuing from %s (%d parameters)", base, model.num_parameters())
+        check_base(cfg, base, model.get_input_embeddings().weight.shape[0], model.config, tok)
+        match_special_tokens(model.config, model.generation_config, tok)
+        log.info("continuing from %s (%d parameters, loaded whole)", base, model.num_parameters())
     else:
         torch.manual_seed(cfg["train"]["seed"])
         model = LlamaForCausalLM(llama_config(cfg["model"], len(tok), cfg["train"]["seq_len"], tok))
@@ -132,6 +174,36 @@ def init_model(cfg: dict, tokenizer_dir: str | Path, out_dir: str | Path) -> Non
         model.save_pretrained(str(tmp))
         copy_tokenizer_files(tokenizer_dir, tmp)
         legacy_readable(tmp)  # what NxD's transformers 4.48 reads (llmpipe/model/hf_compat.py)
+
+
+def check_base(cfg: dict, base, rows: int, config, tok) -> None:
+    """The base fits the run: an embedding row per token, positions for train.seq_len."""
+    if rows < len(tok):
+        raise ValueError(f"model.init_from {base} has {rows} embedding rows but the tokenizer has {len(tok)} tokens")
+    if config.max_position_embeddings < cfg["train"]["seq_len"]:  # a Hub base: known only now
+        from llmpipe.config import seq_len_past_base
+
+        raise ValueError(seq_len_past_base(cfg["train"]["seq_len"], config.max_position_embeddings))
+
+
+def init_streamed(cfg: dict, base, stream: Streamed, tok, tokenizer_dir, out_dir) -> None:
+    """The base's weights in float32, tensor by tensor; config.json and generation_config.json as
+    save_pretrained writes them for the loaded model (its class, float32, the run's special ids)."""
+    config = stream.config
+    check_base(cfg, base, stream.rows, config, tok)
+    generation = generation_config(base, config)
+    match_special_tokens(config, generation, tok)
+    with atomic_path(out_dir) as tmp:
+        tmp.mkdir()
+        files, bad = copy_weights(stream.found, tmp, torch.float32)
+        if bad:
+            raise ValueError(f"model.init_from {base} has non-finite weights in {', '.join(bad[:5])}: refusing a damaged base")
+        config.dtype, config.architectures = torch.float32, [stream.architecture]
+        config.save_pretrained(str(tmp))
+        generation.save_pretrained(str(tmp))
+        copy_tokenizer_files(tokenizer_dir, tmp)
+        legacy_readable(tmp)
+    log.info("continuing from %s (%d parameters, streamed into %d file(s))", base, stream.parameters, files)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,95 @@
+"""An HF model folder's safetensors weights read and copied tensor by tensor (export, init-model): headers
+only to plan, each tensor read with pread and cast as it is copied into its output file, so a 70B moves
+in about 2x its largest tensor."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+
+from llmpipe.data import stfile
+from llmpipe.model.safetensors_out import (
+    MAX_FILE_BYTES,
+    READ_DTYPES,
+    map_large_allocations,
+    plan_files,
+    write_index,
+    write_safetensors,
+)
+
+Found = dict[str, tuple[Path, int, str, tuple]]  # name -> (file, data offset, safetensors dtype, shape)
+
+
+def weight_files(folder: Path) -> list[Path] | None:
+    """The safetensors files of an HF model folder (its index's, or model.safetensors); None: .bin weights."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        return sorted({folder / f for f in json.loads(index.read_text())["weight_map"].values()})
+    return [folder / "model.safetensors"] if (folder / "model.safetensors").is_file() else None
+
+
+def tensors_of(files: list[Path], skip) -> Found:
+    """name -> (file, data offset, safetensors dtype, shape) of each tensor, from the files' headers only. A name
+    the file's metadata maps to a tensor it holds (safetensors' save_model keeps one name of tied weights, the
+    first in sorted order: a tied Llama's lm_head.weight, its embedding's name left in the metadata) reads
+    that tensor."""
+    out = {}
+    for path in files:
+        header, base = stfile.header(path)
+        meta = header.get("__metadata__") or {}
+        aliases = {name: kept for name, kept in meta.items() if name not in header and kept in header and kept != "__metadata__"}
+        for name, info in [*header.items(), *((a, header[kept]) for a, kept in aliases.items())]:
+            if name != "__metadata__" and not skip(name) and name not in out:
+                if info["dtype"] not in READ_DTYPES:
+                    raise ValueError(f"{path}: tensor {name} is {info['dtype']}, not a float weight")
+                out[name] = (path, base + info["data_offsets"][0], info["dtype"], tuple(info["shape"]))
+    return out
+
+
+def read_tensor(path: Path, at: int, st_dtype: str, shape: tuple) -> torch.Tensor:
+    """One tensor, read with pread (no memory map: mapped pages would stay in RSS)."""
+    dtype = READ_DTYPES[st_dtype]
+    n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    buf = bytearray(n)
+    with open(path, "rb") as fh:
+        fh.seek(at)
+        if fh.readinto(buf) != n:
+            raise ValueError(f"{path}: cut short (tensor at byte {at})")
+    return torch.frombuffer(buf, dtype=dtype).reshape(shape) if n else torch.empty(shape, dtype=dtype)
+
+
+def copy_weights(found: Found, folder: Path, dtype: torch.dtype) -> tuple[int, list[str]]:
+    """Write the `found` tensors, cast to `dtype`, into HF weight files in `folder` (and their index if
+    several), one tensor in memory at a time. Returns (files written, names of tensors holding a non-finite
+    value: the caller refuses the folder)."""
+    bad = []
+
+    def fill(name):
+        def put(t: torch.Tensor) -> None:
+            t.copy_(read_tensor(*found[name]))  # cast as copied: no third copy
+            if not torch.isfinite(t).all():
+                bad.append(name)
+
+        return put
+
+    map_large_allocations()
+    plan = plan_files([(name, info[3]) for name, info in found.items()], dtype, MAX_FILE_BYTES)
+    entries = ((name, fill(name)) for name in found)
+    for fname, planned in plan.items():
+        write_safetensors(folder / fname, planned, entries, dtype)
+    write_index(folder, plan, dtype)
+    return len(plan), bad
+
+
+def generation_config(folder: str | Path, config):
+    """The folder's generation_config.json, else the one transformers derives from its config (as
+    from_pretrained gives a model)."""
+    from transformers import GenerationConfig
+
+    try:
+        return GenerationConfig.from_pretrained(str(folder), local_files_only=True)
+    except OSError:
+        return GenerationConfig.from_model_config(config)
