@@ -267,6 +267,34 @@ def test_a_whole_model_step_with_too_little_memory_is_named():
     assert doctor.memory(trn2_default, profiles.profile_settings(trn2), 70_553_706_496) == []
 
 
+def test_init_model_is_named_for_memory_unless_its_local_base_streams(prepared, tmp_path):
+    """A local base folder: init_model is a whole-model step unless llmpipe.model.init.streamed would copy it
+    (safetensors holding exactly its model's tensors); pickle weights, or a tensor its model lacks, load whole."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from llmpipe import config, profiles
+    from tests.conftest import merge
+
+    spec = profiles.profile_settings(profiles.profile_dir("slurm-trn1"))
+    odd, pickled = tmp_path / "odd", tmp_path / "pickled"
+    shutil.copytree(prepared["init"], odd)
+    tensors = load_file(odd / "model.safetensors")
+    save_file({**tensors, "model.extra.weight": torch.zeros(3)}, odd / "model.safetensors", metadata={"format": "pt"})
+    shutil.copytree(prepared["init"], pickled, ignore=shutil.ignore_patterns("*.safetensors"))
+    torch.save(tensors, pickled / "pytorch_model.bin")
+
+    def named(base):
+        cfg = config.validate(merge(prepared["cfg"], {"model": {"init_from": str(base), "allow_pickle": True}}), whole=False)
+        (line,) = doctor.memory(cfg, spec, 70_553_706_496)
+        return line.split(" MB")[0]
+
+    assert named(prepared["init"]) == "memory: evaluate 64000"
+    assert named(odd) == named(pickled) == "memory: init_model 64000, evaluate 64000"
+
+
 def test_the_check_before_the_first_job_names_memory_and_checkpoint_disk_too(tmp_path, capsys):
     """doctor --quick (the onstart hook of a non-dry snakemake) counts the parameters from the config (no
     plan, no download): the whole-model steps' memory and the checkpoints' disk are checked before any job,

@@ -59,9 +59,10 @@ def _weights(folder) -> dict:
     return out
 
 
-def _base(prepared, tmp_path, dtype, tied, eos, shard):
+def _base(prepared, tmp_path, dtype, tied, eos, shard, generation=True):
     """A base model folder from a small Llama: its dtype, tied embeddings or not, its own EOS id (another
-    tokenizer's: the run's special ids must replace it), one file or several with an index."""
+    tokenizer's: the run's special ids must replace it), one file or several with an index; without
+    generation_config.json, its generation settings in config.json (as older checkpoints keep them)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(prepared["init"], dtype=torch.float32, local_files_only=True)
@@ -70,19 +71,30 @@ def _base(prepared, tmp_path, dtype, tied, eos, shard):
     model.lm_head.weight = embedding if tied else torch.nn.Parameter(embedding.detach().clone() + 0.5)
     if eos is not None:
         model.config.eos_token_id = model.generation_config.eos_token_id = eos
-    folder = tmp_path / f"base-{dtype}-{tied}-{eos}-{shard}"
+    folder = tmp_path / f"base-{dtype}-{tied}-{eos}-{shard}-{generation}"
     model.to(getattr(torch, dtype)).save_pretrained(folder, max_shard_size="30KB" if shard else "5GB")
+    if not generation:
+        import json
+
+        (folder / "generation_config.json").unlink()
+        conf = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**conf, "max_length": 77, "temperature": 0.5, "do_sample": True}))
     return folder
 
 
 @pytest.mark.parametrize(
-    "dtype, tied, eos, shard",
-    [("float32", True, None, False), ("bfloat16", False, None, True), ("bfloat16", True, 7, True)],
+    "dtype, tied, eos, shard, generation",
+    [
+        ("float32", True, None, False, True),
+        ("bfloat16", False, None, True, True),
+        ("bfloat16", True, 7, True, True),
+        ("bfloat16", False, None, False, False),
+    ],
 )
 def test_a_safetensors_base_is_streamed_as_loading_it_whole_writes_it(
-    prepared, tmp_path, monkeypatch, caplog, dtype, tied, eos, shard
+    prepared, tmp_path, monkeypatch, caplog, dtype, tied, eos, shard, generation
 ):
-    """init-model copies a safetensors base tensor by tensor (a 70B in about 2x its largest tensor): the same
+    """init-model copies a safetensors base tensor by tensor (a 70B in about 2-3x its largest tensor): the same
     float32 weights, config.json and generation_config.json as from_pretrained + save_pretrained of the whole
     model (the path it took before, and still takes for .bin weights)."""
     import json
@@ -90,7 +102,7 @@ def test_a_safetensors_base_is_streamed_as_loading_it_whole_writes_it(
 
     from llmpipe.model import init as init_mod
 
-    base = _base(prepared, tmp_path, dtype, tied, eos, shard)
+    base = _base(prepared, tmp_path, dtype, tied, eos, shard, generation)
     assert shard == (base / "model.safetensors.index.json").is_file()
     cfg = merge(prepared["cfg"], {"model": {"init_from": str(base)}})
     with caplog.at_level(logging.INFO, logger="llmpipe.model.init"):
@@ -104,29 +116,34 @@ def test_a_safetensors_base_is_streamed_as_loading_it_whole_writes_it(
     for name in ("config.json", "generation_config.json", "tokenizer.json"):
         a, b = (json.loads((tmp_path / out / name).read_text()) for out in ("streamed", "whole"))
         assert a == b, name
+    if not generation:  # from_pretrained reads them from config.json: kept in generation_config.json
+        kept = json.loads((tmp_path / "streamed" / "generation_config.json").read_text())
+        assert (kept["max_length"], kept["temperature"], kept["do_sample"]) == (77, 0.5, True)
     run_eos = json.loads((prepared["init"] / "config.json").read_text())["eos_token_id"]
     assert json.loads((base / "config.json").read_text())["eos_token_id"] == (eos if eos is not None else run_eos)
     for name in ("config.json", "generation_config.json"):  # a base with another EOS takes the run's
         assert json.loads((tmp_path / "streamed" / name).read_text())["eos_token_id"] == run_eos
 
 
-def test_a_base_holding_other_tensors_than_its_model_is_loaded_whole(prepared, tmp_path, caplog):
-    """A tensor the model does not have (or one missing) is left to from_pretrained, as before: loaded whole."""
+@pytest.mark.parametrize("extra", [torch.zeros(3), torch.ones(2, 2, dtype=torch.bool)])
+def test_a_base_holding_other_tensors_than_its_model_is_loaded_whole(prepared, tmp_path, caplog, extra):
+    """A tensor the model does not have (a float, or a mask: no weight at all) is left to from_pretrained, which
+    ignores it, as before: loaded whole, the log saying why and what memory that takes."""
     import logging
+    import shutil
 
     from safetensors.torch import save_file
 
     base = tmp_path / "odd"
-    import shutil
-
     shutil.copytree(prepared["init"], base)
     tensors = load_file(base / "model.safetensors")
-    tensors["model.extra.weight"] = torch.zeros(3)
+    tensors["model.extra.weight"] = extra
     save_file(tensors, base / "model.safetensors", metadata={"format": "pt"})
     cfg = merge(prepared["cfg"], {"model": {"init_from": str(base)}})
     with caplog.at_level(logging.INFO, logger="llmpipe.model.init"):
         init_model(cfg, prepared["tokenizer"], tmp_path / "out")
-    assert "loaded whole (names or shapes not its model's" in caplog.text and "model.extra.weight" in caplog.text
+    assert "loaded whole, about 0.0 GB" in caplog.text and "model.extra.weight" in caplog.text
+    assert "streamed into" not in caplog.text
     got = _weights(tmp_path / "out")
     assert "model.extra.weight" not in got and torch.equal(got["model.norm.weight"], tensors["model.norm.weight"])
 
@@ -156,7 +173,7 @@ print(json.dumps({"base_kb": base, "peak_kb": status("VmHWM")}))
 
 def test_init_from_a_base_is_bounded_by_its_largest_tensor(prepared, tmp_path):
     """MEMORY TEST: a 16-layer bf16 base of 87 M parameters (349 MB in float32, its largest tensor 66 MB in
-    float32): init-model's peak over its fixed costs stays under 3x that tensor (measured 175 MB: the bf16
+    float32): init-model's peak over its fixed costs stays under 4x that tensor (measured 175 MB: the bf16
     read, the float32 buffer, the finite check's mask); loading it whole, as before, grew by 504 MB."""
     import json
     import shutil
@@ -167,5 +184,5 @@ def test_init_from_a_base_is_bounded_by_its_largest_tensor(prepared, tmp_path):
     cfg = merge(prepared["cfg"], {"model": {"init_from": str(tmp_path / "big")}})
     grew = peak_growth(MEASURE, str(tmp_path / "big"), str(tok), str(tmp_path / "init"), json.dumps(cfg))
     assert params * 4 > 5 * largest
-    assert grew < 3 * largest, (grew / 1e6, largest / 1e6, params * 4 / 1e6)
+    assert grew < 4 * largest, (grew / 1e6, largest / 1e6, params * 4 / 1e6)
     assert _weights(tmp_path / "init").keys() == _weights(tmp_path / "big").keys()

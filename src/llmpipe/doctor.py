@@ -369,14 +369,22 @@ WHOLE_MODEL_BYTES = 8
 
 
 def whole_model_rules(cfg: dict) -> tuple[str, ...]:
-    """WHOLE_MODEL_RULES but init_model where it streams its base: a Hub id (downloaded as safetensors) or a
-    local folder with safetensors weights (one whose tensors are not its model's is still loaded whole)."""
+    """WHOLE_MODEL_RULES but init_model where it streams its base: a Hub id (downloaded as safetensors, known
+    to stream only once downloaded) or a local folder whose safetensors init_model would stream (asked of
+    llmpipe.model.init.streamed: headers and a model on the meta device, no weights read)."""
     from llmpipe.hub import is_hub_ref
 
     base = cfg["model"]["init_from"]
-    if base and (is_hub_ref(base) or any(Path(base).glob("*.safetensors"))):
-        return tuple(r for r in WHOLE_MODEL_RULES if r != "init_model")
-    return WHOLE_MODEL_RULES
+    if base and not is_hub_ref(base):
+        from llmpipe.model.init import streamed
+
+        try:
+            streams = streamed(base) is not None
+        except (OSError, ValueError):  # unreadable: init_model's own error; count it whole
+            streams = False
+    else:
+        streams = bool(base)
+    return tuple(r for r in WHOLE_MODEL_RULES if r != "init_model") if streams else WHOLE_MODEL_RULES
 
 
 def memory(cfg: dict, spec: dict, params: int | None) -> list[str]:

@@ -63,7 +63,7 @@ def export(
         refuse_non_finite(trained, bad)
         config.dtype = torch_dtype
         config.save_pretrained(str(tmp))
-        generation_config(trained, config).save_pretrained(str(tmp))
+        generation_config(trained).save_pretrained(str(tmp))
         copy_tokenizer_files(tokenizer_dir, tmp)
         legacy_readable(tmp)  # transformers 4.x readers get the same RoPE and a tokenizer class they have
     count = sum(math.prod(info[3]) for info in found.values())

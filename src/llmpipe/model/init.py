@@ -50,6 +50,7 @@ def llama_config(model_cfg: dict, vocab_size: int, seq_len: int, tok):
     )
 
 
+SAVE_FILE_BYTES = 50 * 10**9  # save_pretrained's max_shard_size ("50GB"), the files of a base loaded whole
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
 
@@ -123,8 +124,10 @@ class Streamed:
 
 def streamed(base: str | Path) -> Streamed | None:
     """The base as a Streamed, or None where it must be loaded whole (.bin weights, tensors other than its
-    model's, persistent buffers): the reason is logged."""
+    model's, persistent buffers, a model whose weights transformers renames or converts as it loads): why is
+    logged, with the memory that takes."""
     from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.conversion_mapping import get_model_conversion_mapping
 
     files = weight_files(Path(base))
     if files is None:
@@ -133,21 +136,23 @@ def streamed(base: str | Path) -> Streamed | None:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
     params = {name: tuple(p.shape) for name, p in model.named_parameters()}  # tied weights once, under the first name
-    saved = model.state_dict()
-    tied = set(saved) - set(params)  # a tied weight's other names (lm_head.weight), or persistent buffers
+
+    def whole(why: str) -> None:
+        size = sum(math.prod(shape) for shape in params.values()) * 8 / 1e9
+        log.warning("model.init_from %s: loaded whole, about %.1f GB (%s)", base, size, why)
+
+    if get_model_conversion_mapping(model, add_legacy=False) or getattr(model, "_keys_to_ignore_on_save", None):
+        return whole(f"transformers converts {type(model).__name__}'s weights as it loads and saves them")
+    tied = set(model.state_dict()) - set(params)  # a tied weight's other names (lm_head.weight), or persistent buffers
     if tied & {name for name, _ in model.named_buffers()}:
-        log.info("model.init_from %s: loaded whole (its model has persistent buffers)", base)
-        return None
-    found = tensors_of(files, lambda name: not_weight(name) or name in tied)
+        return whole("its model has persistent buffers")
+    try:
+        found = tensors_of(files, lambda name: not_weight(name) or name in tied)
+    except ValueError as exc:  # a tensor that is not a float weight (a mask, position ids, quantized weights)
+        return whole(str(exc))
     if {n: info[3] for n, info in found.items()} != params:
         missing, extra = sorted(set(params) - set(found)), sorted(set(found) - set(params))
-        log.info(
-            "model.init_from %s: loaded whole (names or shapes not its model's: missing %s, extra %s)",
-            base,
-            missing[:3],
-            extra[:3],
-        )
-        return None
+        return whole(f"names or shapes not its model's: missing {missing[:3]}, extra {extra[:3]}")
     return Streamed(config, model, found)
 
 
@@ -191,13 +196,16 @@ def init_streamed(cfg: dict, base, stream: Streamed, tok, tokenizer_dir, out_dir
     save_pretrained writes them for the loaded model (its class, float32, the run's special ids)."""
     config = stream.config
     check_base(cfg, base, stream.rows, config, tok)
-    generation = generation_config(base, config)
+    generation = generation_config(base)
     match_special_tokens(config, generation, tok)
     with atomic_path(out_dir) as tmp:
         tmp.mkdir()
-        files, bad = copy_weights(stream.found, tmp, torch.float32)
+        files, bad = copy_weights(stream.found, tmp, torch.float32, SAVE_FILE_BYTES)
         if bad:
-            raise ValueError(f"model.init_from {base} has non-finite weights in {', '.join(bad[:5])}: refusing a damaged base")
+            more = f" (+{len(bad) - 5} more)" if len(bad) > 5 else ""
+            raise ValueError(
+                f"model.init_from {base} has non-finite weights in {', '.join(bad[:5])}{more}: refusing a damaged base"
+            )
         config.dtype, config.architectures = torch.float32, [stream.architecture]
         config.save_pretrained(str(tmp))
         generation.save_pretrained(str(tmp))

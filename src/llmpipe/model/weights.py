@@ -61,9 +61,9 @@ def read_tensor(path: Path, at: int, st_dtype: str, shape: tuple) -> torch.Tenso
     return torch.frombuffer(buf, dtype=dtype).reshape(shape) if n else torch.empty(shape, dtype=dtype)
 
 
-def copy_weights(found: Found, folder: Path, dtype: torch.dtype) -> tuple[int, list[str]]:
-    """Write the `found` tensors, cast to `dtype`, into HF weight files in `folder` (and their index if
-    several), one tensor in memory at a time. Returns (files written, names of tensors holding a non-finite
+def copy_weights(found: Found, folder: Path, dtype: torch.dtype, max_bytes: int | None = None) -> tuple[int, list[str]]:
+    """Write the `found` tensors, cast to `dtype`, into HF weight files in `folder` of at most `max_bytes` each
+    (default MAX_FILE_BYTES) and their index if several, one tensor in memory at a time. Returns (files written, names of tensors holding a non-finite
     value: the caller refuses the folder)."""
     bad = []
 
@@ -76,7 +76,7 @@ def copy_weights(found: Found, folder: Path, dtype: torch.dtype) -> tuple[int, l
         return put
 
     map_large_allocations()
-    plan = plan_files([(name, info[3]) for name, info in found.items()], dtype, MAX_FILE_BYTES)
+    plan = plan_files([(name, info[3]) for name, info in found.items()], dtype, max_bytes or MAX_FILE_BYTES)
     entries = ((name, fill(name)) for name in found)
     for fname, planned in plan.items():
         write_safetensors(folder / fname, planned, entries, dtype)
@@ -84,12 +84,14 @@ def copy_weights(found: Found, folder: Path, dtype: torch.dtype) -> tuple[int, l
     return len(plan), bad
 
 
-def generation_config(folder: str | Path, config):
-    """The folder's generation_config.json, else the one transformers derives from its config (as
-    from_pretrained gives a model)."""
+def generation_config(folder: str | Path):
+    """The folder's generation_config.json, else the one from_pretrained gives a model without it: read from
+    its config.json (generation settings such as max_length or temperature kept there)."""
     from transformers import GenerationConfig
 
     try:
         return GenerationConfig.from_pretrained(str(folder), local_files_only=True)
     except OSError:
-        return GenerationConfig.from_model_config(config)
+        return GenerationConfig.from_pretrained(
+            str(folder), config_file_name="config.json", _from_model_config=True, local_files_only=True
+        )

@@ -13,6 +13,7 @@ import hashlib
 import json
 import logging
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 from llmpipe.io import sha256_file, write_json
@@ -53,14 +54,23 @@ def init_sha256(init_dir: Path) -> str:
     return h.hexdigest()
 
 
+HASH_TIMEOUT = timedelta(hours=2)  # the other ranks' wait while rank 0 reads the model: 282 GB (a 70B in float32) at 40 MB/s
+
+
 def world_init_sha256(init_dir: Path) -> str:
     """init_sha256 read once per training world: in a torch.distributed world rank 0 reads the weights and the
-    other ranks take its digest (each rank reading them all cost every rank the whole model, 140 GB for a 70B)."""
+    other ranks take its digest (each rank reading them all cost every rank the whole model, 280 GB for a 70B).
+    Over a gloo group of its own with HASH_TIMEOUT: the world's collectives (NCCL: 10 minutes by default)
+    could time out while rank 0 reads."""
     dist = sys.modules.get("torch.distributed")  # a trainer has it initialised by now; a launcher has no world
     if dist is None or not dist.is_initialized() or dist.get_world_size() == 1:
         return init_sha256(init_dir)
-    box = [init_sha256(init_dir) if dist.get_rank() == 0 else None]
-    dist.broadcast_object_list(box, src=0)
+    group = dist.new_group(backend="gloo", timeout=HASH_TIMEOUT)
+    try:
+        box = [init_sha256(init_dir) if dist.get_rank() == 0 else None]
+        dist.broadcast_object_list(box, src=0, group=group)
+    finally:
+        dist.destroy_process_group(group)
     return box[0]
 
 
