@@ -16,7 +16,7 @@ import torch
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
 Entry = tuple[str, Callable[[torch.Tensor], None]]  # a tensor's name, and what fills it (given its buffer)
-MAX_FILE_BYTES = 5 << 30  # as save_pretrained's default shard size
+MAX_FILE_BYTES = 5 << 30  # transformers 4.x save_pretrained's default shard size (5.x: 50 GB, init-model's SAVE_FILE_BYTES)
 IGNORED = ("rotary_emb.",)  # buffers a trainer may save; not weights of the HF model
 READ_DTYPES = {v: k for k, v in ST_DTYPES.items()}  # safetensors' dtype names -> torch
 
