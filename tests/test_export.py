@@ -13,6 +13,7 @@ from safetensors.torch import load_file, save_file
 
 from llmpipe import export as export_mod
 from llmpipe.model import weights as weights_mod
+from llmpipe.model.folder import FolderError
 from tests.conftest import big_llama, peak_growth
 
 
@@ -70,6 +71,56 @@ def test_a_non_finite_weight_is_refused_and_nothing_written(prepared, tmp_path):
     with pytest.raises(SystemExit, match=rf"non-finite weights in {name}: refusing"):
         export_mod.export(damaged, prepared["tokenizer"], tmp_path / "hf", "float32")
     assert not (tmp_path / "hf").exists() and not list(tmp_path.glob(".hf*"))
+
+
+def test_writing_stops_at_the_first_non_finite_tensor_and_the_rest_are_still_named(prepared, tmp_path, monkeypatch):
+    """A 70B with a NaN in its first tensor must not write hundreds of GB to refuse it: the tensors after the
+    first damaged one are read to be named, not cast and written."""
+    damaged = tmp_path / "damaged"
+    shutil.copytree(prepared["init"], damaged)
+    order = list(weights_mod.tensors_of(weights_mod.weight_files(damaged), lambda n: False))
+    tensors = load_file(damaged / "model.safetensors")
+    first, last = order[1], order[-1]
+    tensors[first][0] = float("nan")
+    tensors[last][-1] = float("-inf")
+    save_file(tensors, damaged / "model.safetensors", metadata={"format": "pt"})
+    written, write = [], weights_mod.write_safetensors
+
+    def counting(path, entries, pull, dtype):
+        def taken():
+            for name, fill in pull:
+                written.append(name)
+                yield name, fill
+
+        return write(path, entries, taken(), dtype)
+
+    monkeypatch.setattr(weights_mod, "write_safetensors", counting)
+    with pytest.raises(SystemExit, match=rf"non-finite weights in {first}, {last}: refusing"):
+        export_mod.export(damaged, prepared["tokenizer"], tmp_path / "hf", "float32")
+    assert written == order[:2]
+    assert not (tmp_path / "hf").exists() and not list(tmp_path.glob(".hf*"))
+
+
+def test_a_weight_file_missing_from_the_index_is_named_before_any_read(prepared, tmp_path, monkeypatch):
+    from llmpipe.backends.neuron.hf_reader import HFCheckpoint
+    from llmpipe.model.init import streamed
+
+    monkeypatch.setattr(weights_mod, "MAX_FILE_BYTES", 64 << 10)
+    export_mod.export(prepared["init"], prepared["tokenizer"], tmp_path / "split", "float32")
+    files = sorted((tmp_path / "split").glob("model-*.safetensors"))
+    files[1].unlink()
+    want = rf"1 of the {len(files)} weight files its model.safetensors.index.json lists are missing \({files[1].name}\)"
+    for read in (
+        lambda: export_mod.export(tmp_path / "split", prepared["tokenizer"], tmp_path / "hf", "float32"),
+        lambda: streamed(tmp_path / "split"),  # init-model (its CLI names a ValueError in one line)
+        lambda: HFCheckpoint(tmp_path / "split"),  # neuron-shard
+    ):
+        with pytest.raises(FolderError, match=want):
+            read()
+    (tmp_path / "split" / "model.safetensors.index.json").write_text("[]")
+    with pytest.raises(FolderError, match="not a safetensors index"):
+        export_mod.export(tmp_path / "split", prepared["tokenizer"], tmp_path / "hf", "float32")
+    assert not (tmp_path / "hf").exists()
 
 
 MEASURE = """

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from llmpipe.data import stfile
+from llmpipe.model.folder import FolderError
 from llmpipe.model.safetensors_out import (
     MAX_FILE_BYTES,
     READ_DTYPES,
@@ -25,10 +26,29 @@ Found = dict[str, tuple[Path, int, str, tuple]]  # name -> (file, data offset, s
 
 def weight_files(folder: Path) -> list[Path] | None:
     """The safetensors files of an HF model folder (its index's, or model.safetensors); None: .bin weights."""
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        return sorted({folder / f for f in json.loads(index.read_text())["weight_map"].values()})
+    listed = indexed(folder)
+    if listed is not None:
+        return listed
     return [folder / "model.safetensors"] if (folder / "model.safetensors").is_file() else None
+
+
+def indexed(folder: Path) -> list[Path] | None:
+    """The files model.safetensors.index.json lists (None: no index); FolderError naming those missing (a
+    download or copy cut short) before any is read."""
+    index = folder / "model.safetensors.index.json"
+    if not index.is_file():
+        return None
+    try:
+        files = sorted({folder / f for f in json.loads(index.read_text())["weight_map"].values()})
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise FolderError(f"{index}: not a safetensors index (no weight_map of tensor names to files)") from None
+    missing = [f.name for f in files if not f.is_file()]
+    if missing:
+        raise FolderError(
+            f"{folder}: {len(missing)} of the {len(files)} weight files its model.safetensors.index.json lists are "
+            f"missing ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}): a download or copy cut short?"
+        )
+    return files
 
 
 def tensors_of(files: list[Path], skip) -> Found:
@@ -38,7 +58,10 @@ def tensors_of(files: list[Path], skip) -> Found:
     that tensor."""
     out = {}
     for path in files:
-        header, base = stfile.header(path)
+        try:
+            header, base = stfile.header(path)
+        except ValueError as exc:  # not a safetensors file, named
+            raise FolderError(str(exc)) from None
         meta = header.get("__metadata__") or {}
         aliases = {name: kept for name, kept in meta.items() if name not in header and kept in header and kept != "__metadata__"}
         for name, info in [*header.items(), *((a, header[kept]) for a, kept in aliases.items())]:
@@ -63,25 +86,38 @@ def read_tensor(path: Path, at: int, st_dtype: str, shape: tuple) -> torch.Tenso
 
 def copy_weights(found: Found, folder: Path, dtype: torch.dtype, max_bytes: int | None = None) -> tuple[int, list[str]]:
     """Write the `found` tensors, cast to `dtype`, into HF weight files in `folder` of at most `max_bytes` each
-    (default MAX_FILE_BYTES) and their index if several, one tensor in memory at a time. Returns (files written, names of tensors holding a non-finite
-    value: the caller refuses the folder)."""
-    bad = []
+    (default MAX_FILE_BYTES) and their index if several, one tensor in memory at a time. Returns (files written,
+    names of tensors holding a non-finite value once cast: the caller refuses the folder). Writing stops at the first
+    such tensor (a 70B would otherwise write hundreds of GB to refuse them); the rest are only read, to name
+    them all."""
+    checked = set()
 
     def fill(name):
         def put(t: torch.Tensor) -> None:
             t.copy_(read_tensor(*found[name]))  # cast as copied: no third copy
+            checked.add(name)
             if not torch.isfinite(t).all():
-                bad.append(name)
+                raise _NonFinite(name)
 
         return put
 
     map_large_allocations()
     plan = plan_files([(name, info[3]) for name, info in found.items()], dtype, max_bytes or MAX_FILE_BYTES)
     entries = ((name, fill(name)) for name in found)
-    for fname, planned in plan.items():
-        write_safetensors(folder / fname, planned, entries, dtype)
+    try:
+        for fname, planned in plan.items():
+            write_safetensors(folder / fname, planned, entries, dtype)
+    except _NonFinite as first:
+        rest = [n for n in found if n not in checked and not torch.isfinite(read_tensor(*found[n]).to(dtype)).all()]
+        return len(plan), [first.name, *rest]
     write_index(folder, plan, dtype)
-    return len(plan), bad
+    return len(plan), []
+
+
+class _NonFinite(Exception):
+    def __init__(self, name: str):
+        super().__init__(name)
+        self.name = name
 
 
 def generation_config(folder: str | Path):

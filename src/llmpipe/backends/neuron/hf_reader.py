@@ -10,13 +10,14 @@ page cache is not the process's memory).
 
 from __future__ import annotations
 
-import json
-import struct
 from pathlib import Path
 
 import torch
 
 from llmpipe.backends.neuron import torchfile
+from llmpipe.data import stfile
+from llmpipe.model.folder import FolderError
+from llmpipe.model.weights import indexed
 
 DTYPES = {
     "F64": torch.float64,
@@ -36,11 +37,8 @@ BLOCK = 16 << 20  # bytes per read for column slices
 class _SafetensorsFile:
     def __init__(self, path: Path):
         self.path = path
-        with open(path, "rb") as fh:
-            (n,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(n))
+        header, self.base = stfile.header(path)
         header.pop("__metadata__", None)
-        self.base = 8 + n
         self.entries = header
 
     def shape(self, name: str) -> tuple:
@@ -87,14 +85,13 @@ class HFCheckpoint:
         self.folder = Path(folder)
         self._where: dict[str, _SafetensorsFile | _TorchFile] = {}
         self._shapes: dict[str, tuple] = {}
-        index = self.folder / "model.safetensors.index.json"
-        files = sorted(self.folder.glob("*.safetensors"))
-        if index.is_file():
-            files = sorted({self.folder / f for f in json.loads(index.read_text())["weight_map"].values()})
+        files = indexed(self.folder)  # FolderError for a listed file that is missing
+        if files is None:
+            files = sorted(self.folder.glob("*.safetensors"))
         if not files:
             bins = sorted(self.folder.glob("pytorch_model*.bin")) or sorted(self.folder.glob("*.bin"))
             if not bins:
-                raise FileNotFoundError(f"{self.folder}: no *.safetensors or *.bin weights")
+                raise FolderError(f"{self.folder}: no *.safetensors or *.bin weights")
         for f in files or bins:
             src = _SafetensorsFile(f) if files else _TorchFile(f)
             for name in src.entries:

@@ -166,4 +166,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = p.parse_args(argv)
     spec = json.loads(args.layout)
-    shard(args.model, args.out, Layout.from_config(spec))
+    try:
+        shard(args.model, args.out, Layout.from_config(spec))
+    except ValueError as exc:  # weights missing or unreadable, a layout the model does not fit: named
+        raise SystemExit(f"llmpipe neuron-shard: {exc}") from None
