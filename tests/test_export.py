@@ -101,7 +101,7 @@ def test_writing_stops_at_the_first_non_finite_tensor_and_the_rest_are_still_nam
     assert not (tmp_path / "hf").exists() and not list(tmp_path.glob(".hf*"))
 
 
-def test_a_weight_file_missing_from_the_index_is_named_before_any_read(prepared, tmp_path, monkeypatch):
+def test_a_weight_file_missing_from_the_index_is_named_by_each_reader(prepared, tmp_path, monkeypatch):
     from llmpipe.backends.neuron.hf_reader import HFCheckpoint
     from llmpipe.model.init import streamed
 
