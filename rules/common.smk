@@ -92,8 +92,15 @@ def cfg_json(*keys, drop=()):
 
 
 # Settings a trainer reads that do not change the trained model (llmpipe.train.resume.RESUME_NEUTRAL,
-# train.resume aside: setting it false restarts the run) and validation's batch settings (metrics only).
-TRAIN_NEUTRAL = (*(f"train.{k}" for k in sorted(RESUME_NEUTRAL - {"resume"})), "eval.batch_size", "eval.max_batches")
+# train.resume aside: setting it false restarts the run) and validation's batch settings (metrics only;
+# the last two are llmpipe evaluate's).
+TRAIN_NEUTRAL = (
+    *(f"train.{k}" for k in sorted(RESUME_NEUTRAL - {"resume"})),
+    "eval.batch_size",
+    "eval.max_batches",
+    "eval.final_max_batches",
+    "eval.stream_weights",
+)
 
 
 def train_cfg_json(*keys, keep=(), neutral=()):

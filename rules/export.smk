@@ -31,7 +31,9 @@ rule evaluate:
         "../envs/torch.yaml"
     threads: 2
     params:
-        cfg=cfg_json("eval", "train.document_masking", "train.backend", drop=("eval.max_batches",)),
+        cfg=cfg_json("eval", "train.document_masking", "train.backend", drop=("eval.max_batches", "eval.stream_weights")),
+        # how the weights are held, not what is scored: a function of input, out of the params rerun trigger
+        stream=lambda wildcards, input: str(config["eval"]["stream_weights"]).lower(),
     shell:
         "python -m llmpipe evaluate --config {params.cfg:q} --model {input.model:q} --data {input.data:q}"
-        " --threads {threads} --out {output:q} > {log:q} 2>&1"
+        " --stream-weights {params.stream} --threads {threads} --out {output:q} > {log:q} 2>&1"

@@ -241,10 +241,10 @@ def test_disk_estimate_counts_the_hf_views_bytes_per_token(prepared):
 
 
 def test_a_whole_model_step_with_too_little_memory_is_named():
-    """evaluate holds the whole model in float32 (7.4-7.8 bytes a parameter measured), and so does init_model
-    for a new model: slurm-trn1's 64 GB for them and the 70B preset (70.6 B parameters) would be killed by
-    Slurm. init_model streams a safetensors base (the preset's Hub base, a local folder) and export_hf
-    streams: neither is named then. The trn2 profile (70B default) gives evaluate 600 GB, init_model 64 GB."""
+    """evaluate with eval.stream_weights false holds the whole model in float32 (7.4-7.8 bytes a parameter
+    measured), and so does init_model for a new model: slurm-trn1's 64 GB for them and the 70B preset (70.6 B
+    parameters) would be killed by Slurm. init_model streams a safetensors base (the preset's Hub base, a local
+    folder), evaluate streams its weights by default (auto) and export_hf streams: none is named then."""
     from llmpipe import config, profiles
 
     trn1 = profiles.profile_dir("slurm-trn1")
@@ -253,12 +253,13 @@ def test_a_whole_model_step_with_too_little_memory_is_named():
     def preset(**user):  # as doctor layers it: defaults < preset < the profile's overlay < the user's
         return config.validate(profiles.layered({"preset": "llama-3-70b-trn1", **user}, trn1)[0], whole=False)
 
-    big = preset()
+    assert preset()["eval"]["stream_weights"] == "auto" and doctor.memory(preset(), spec, 70_553_706_496) == []
+    big = preset(eval={"stream_weights": False})
     assert big["model"]["init_from"].startswith("meta-llama/")
     (line,) = doctor.memory(big, spec, 70_553_706_496)
     assert line.startswith("memory: evaluate 64000 MB") and "70.6 B parameters" in line
     assert "evaluate: {mem_mb: 539306}" in line and "init_model" not in line
-    new = preset(model={"init_from": None}, tokenizer={"source": "data/tokenizers/gpt2"})  # a new 70B model
+    new = preset(model={"init_from": None}, tokenizer={"source": "data/tokenizers/gpt2"}, eval={"stream_weights": False})
     (line,) = doctor.memory(new, spec, 70_553_706_496)
     assert line.startswith("memory: init_model 64000, evaluate 64000 MB") and "init_model: {mem_mb: 539306}" in line
     assert doctor.memory(config.validate({"preset": "llama-2-7b-trn1"}, whole=False), spec, 6_738_415_616) == []
@@ -287,7 +288,8 @@ def test_init_model_is_named_for_memory_unless_its_local_base_streams(prepared, 
     torch.save(tensors, pickled / "pytorch_model.bin")
 
     def named(base):
-        cfg = config.validate(merge(prepared["cfg"], {"model": {"init_from": str(base), "allow_pickle": True}}), whole=False)
+        user = {"model": {"init_from": str(base), "allow_pickle": True}, "eval": {"stream_weights": False}}
+        cfg = config.validate(merge(prepared["cfg"], user), whole=False)
         (line,) = doctor.memory(cfg, spec, 70_553_706_496)
         return line.split(" MB")[0]
 
@@ -299,7 +301,8 @@ def test_the_check_before_the_first_job_names_memory_and_checkpoint_disk_too(tmp
     """doctor --quick (the onstart hook of a non-dry snakemake) counts the parameters from the config (no
     plan, no download): the whole-model steps' memory and the checkpoints' disk are checked before any job,
     as the full doctor checks them."""
-    over = ["--profile", "slurm-trn1", "--config", "preset=llama-3-70b-trn1", f"results_dir={tmp_path}/r"]
+    whole = "eval={stream_weights: false}"  # evaluate holding the model whole (auto would stream it)
+    over = ["--profile", "slurm-trn1", "--config", "preset=llama-3-70b-trn1", whole, f"results_dir={tmp_path}/r"]
     lines = {}
     for how in ([], ["--quick"]):
         with pytest.raises(SystemExit):

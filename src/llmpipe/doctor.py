@@ -362,8 +362,9 @@ def disk(cfg: dict, sizes: tuple[int, int | None]) -> list[str]:
 
 # Steps that hold the whole model in float32 in one process: init_model for a new model or a base without
 # safetensors weights (the base, then its save; a safetensors base streams tensor by tensor since 2026-12-02,
-# tests/test_model_init.py) and evaluate. Measured on a 252 M-parameter bf16 base: 7.4-7.8 bytes a parameter
-# peak RSS. (export_hf streams tensor by tensor since 2026-11-30: about 2x its largest tensor, tests/test_export.py.)
+# tests/test_model_init.py) and evaluate with eval.stream_weights false (auto streams module by module where
+# the model would not fit: tests/test_evaluate_streamed.py). Measured on a 252 M-parameter bf16 base: 7.4-7.8
+# bytes a parameter peak RSS. (export_hf streams tensor by tensor since 2026-11-30: about 2x its largest tensor.)
 WHOLE_MODEL_RULES = ("init_model", "evaluate")
 WHOLE_MODEL_BYTES = 8
 
@@ -371,7 +372,8 @@ WHOLE_MODEL_BYTES = 8
 def whole_model_rules(cfg: dict) -> tuple[str, ...]:
     """WHOLE_MODEL_RULES but init_model where it streams its base: a Hub id (downloaded as safetensors, known
     to stream only once downloaded) or a local folder whose safetensors init_model would stream (asked of
-    llmpipe.model.init.streamed: headers and a model on the meta device, no weights read)."""
+    llmpipe.model.init.streamed: headers and a model on the meta device, no weights read); evaluate only with
+    eval.stream_weights false."""
     from llmpipe.hub import is_hub_ref
 
     base = cfg["model"]["init_from"]
@@ -384,7 +386,8 @@ def whole_model_rules(cfg: dict) -> tuple[str, ...]:
             streams = False
     else:
         streams = bool(base)
-    return tuple(r for r in WHOLE_MODEL_RULES if r != "init_model") if streams else WHOLE_MODEL_RULES
+    whole = tuple(r for r in WHOLE_MODEL_RULES if r != "init_model") if streams else WHOLE_MODEL_RULES
+    return whole if cfg.get("eval", {}).get("stream_weights") is False else tuple(r for r in whole if r != "evaluate")
 
 
 def memory(cfg: dict, spec: dict, params: int | None) -> list[str]:

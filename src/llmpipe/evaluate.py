@@ -15,6 +15,7 @@ from llmpipe import config as cfgmod
 from llmpipe.data.tokenizer import TokenizerMismatch, check_same_tokenizer
 from llmpipe.io import write_json
 from llmpipe.model.folder import FolderError, model_folder, view_folder
+from llmpipe.model.streamed import available_bytes, float32_bytes, streamed_causal_lm
 from llmpipe.train.documents import attention_kernel, masking_wanted
 from llmpipe.train.loss import dataset_loss
 
@@ -22,10 +23,18 @@ log = logging.getLogger(__name__)
 
 
 def evaluate(
-    model_dir: str | Path, view_dir: str | Path, out: str | Path, batch_size: int, threads: int = 2, document_masking="auto"
+    model_dir: str | Path,
+    view_dir: str | Path,
+    out: str | Path,
+    batch_size: int,
+    threads: int = 2,
+    document_masking="auto",
+    max_batches: int | None = None,
+    stream_weights="auto",
 ) -> dict:
     """`document_masking`: train.document_masking; with segment_ids in the view (auto), each document of a
-    packed row is scored on its own, as the torch trainer's val_loss is."""
+    packed row is scored on its own, as the torch trainer's val_loss is. `max_batches`: eval.final_max_batches
+    (the split's first max_batches * batch_size rows; None: all). `stream_weights`: eval.stream_weights."""
     import datasets
     from transformers import AutoModelForCausalLM
 
@@ -46,14 +55,20 @@ def evaluate(
         raise SystemExit(f"llmpipe evaluate: {exc}") from None
     attention = attention_kernel(device, masking)
     log.info("evaluate on %s: document masking %s, attention %s", device.type, "on" if masking else "off", attention)
-    model = AutoModelForCausalLM.from_pretrained(
-        model_dir,
-        dtype=torch.float32,
-        attn_implementation=attention,
-        trust_remote_code=False,
-        local_files_only=True,
-    ).to(device)
-    loss, tokens = dataset_loss(model, val, batch_size, device, progress="evaluate", document_masking=masking)
+    if streaming(stream_weights, model_dir, device):
+        log.info("evaluate: weights streamed from %s module by module (eval.stream_weights %s)", model_dir, stream_weights)
+        model = streamed_causal_lm(model_dir, device, attention)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(
+            model_dir,
+            dtype=torch.float32,
+            attn_implementation=attention,
+            trust_remote_code=False,
+            local_files_only=True,
+        ).to(device)
+    loss, tokens = dataset_loss(
+        model, val, batch_size, device, progress="evaluate", document_masking=masking, max_batches=max_batches
+    )
     if not math.isfinite(loss):
         raise SystemExit(
             f"llmpipe evaluate: validation loss of {model_dir} is {loss} (non-finite): the model is damaged; no eval.json written"
@@ -62,7 +77,8 @@ def evaluate(
         "val_loss": loss,
         "perplexity": math.exp(loss) if loss <= 709.0 else math.inf,  # beyond a double: null in eval.json
         "tokens": tokens,
-        "sequences": len(val),
+        "sequences": min(len(val), max_batches * batch_size) if max_batches else len(val),
+        "split_sequences": len(val),
         "document_masking": masking,
         "model": str(model_dir),
         "data": str(Path(view_dir) / "val"),
@@ -72,6 +88,18 @@ def evaluate(
     return result
 
 
+STREAM = {"auto": "auto", "true": True, "false": False}  # --stream-weights: eval.stream_weights's values
+
+
+def streaming(setting, model_dir: Path, device: torch.device) -> bool:
+    """eval.stream_weights: true, false, or auto (the float32 weights over half the memory there is)."""
+    if setting != "auto":
+        return bool(setting)
+    need = float32_bytes(model_dir)
+    have = available_bytes(device)
+    return need is not None and have is not None and need > have // 2
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="llmpipe evaluate", description=__doc__)
     p.add_argument("--config", required=True)
@@ -79,12 +107,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--data", required=True, help="hf view folder (its val/ split is scored)")
     p.add_argument("--out", required=True, help="eval.json")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--stream-weights", choices=STREAM, help="default: eval.stream_weights")
     args = p.parse_args(argv)
     try:
         cfg = cfgmod.load(args.config)
         # score packed rows the way the run's trainer trained on them (only some backends mask documents)
         masks = backends.get(cfg["train"]["backend"]).document_masking
         masking = cfg["train"]["document_masking"] if masks else False
-        evaluate(args.model, args.data, args.out, cfg["eval"]["batch_size"], args.threads, masking)
+        e = cfg["eval"]
+        stream = e["stream_weights"] if args.stream_weights is None else STREAM[args.stream_weights]
+        evaluate(args.model, args.data, args.out, e["batch_size"], args.threads, masking, e["final_max_batches"], stream)
     except (TokenizerMismatch, FolderError) as exc:
         raise SystemExit(f"llmpipe evaluate: {exc}") from None

@@ -205,12 +205,18 @@ def training_row(recs: list[dict]) -> str:
     return ", ".join(parts + [f"final train loss {loss:.4f}" if loss is not None else "no finite train loss"])
 
 
+def _scored(ev: dict) -> str:
+    """The rows evaluate scored, and the split's when eval.final_max_batches left some out."""
+    n, of = ev["sequences"], ev.get("split_sequences", ev["sequences"])
+    return f"{n:,}" if n == of else f"{n:,} of the split's {of:,}"
+
+
 def eval_page(ev: dict, recs: list[dict]) -> str:
     rows = [
         ("val loss", f"{ev['val_loss']:.4f}"),
         ("perplexity", f"{ev['perplexity']:.2f}" if ev.get("perplexity") is not None else "beyond a double (loss > 709)"),
         ("predicted tokens", f"{ev['tokens']:,}"),
-        ("sequences", f"{ev['sequences']:,}"),
+        ("sequences", _scored(ev)),
         ("model", ev["model"]),
         ("data", ev["data"]),
         ("training", training_row(recs)),
