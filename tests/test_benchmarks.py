@@ -131,6 +131,13 @@ def test_verify_memory_checks_every_view_at_twice_the_data(tmp_path):
     assert re.search(r"verify: time [\d.]+ s -> [\d.]+ s \(x[\d.]+\); peak RSS", out), out
 
 
+def test_evaluate_memory_scores_the_same_loss_both_ways(tmp_path):
+    out = bench("evaluate_memory.py", "--layers", "1", "--rows", "1", "--seq", "16", tmp_path=tmp_path)
+    losses = re.findall(r"^(whole|streamed) +grew [\d.]+ GB .* val_loss ([\d.]+)$", out, re.M)
+    assert [mode for mode, _ in losses] == ["whole", "streamed"] and losses[0][1] == losses[1][1], out
+    assert "losses equal: True" in out
+
+
 def test_long_document_gives_the_same_tokens_on_both_backends_and_formats(tmp_path):
     out = bench("long_document.py", "--sizes", "1", "--backend", "tiktoken", "hf", "--kind", "jsonl", "txt", tmp_path=tmp_path)
     rows = re.findall(r"^ +1MB +(jsonl|txt) +(tiktoken|hf) +piecewise +[\d.]+ +[\d.]+ +[\d.]+ +([\d,]+) +[\d.]+G$", out, re.M)

@@ -1,0 +1,154 @@
+"""Peak memory and time of `llmpipe evaluate` with the model held whole and with its weights streamed module
+by module (eval.stream_weights), on a random-weight ~1.1B-parameter Llama (TinyLlama's shape) saved in bf16.
+
+  python benchmarks/evaluate_memory.py [--layers 22] [--rows 2] [--seq 512] [--keep DIR]
+
+Writes config.json and the weights (safetensors, an index over files of at most 1 GB) and an hf view of
+`rows` random rows (val split, no tokenizer record), then runs evaluate in a fresh process per mode, one
+row a batch, and reads how far its RSS grew over what it held once it had imported what evaluate imports
+and read the view (/proc/self/clear_refs, then VmHWM). Prints each growth against the model in float32 and
+its largest tensor, the ratio streamed / whole, the times, and whether the two losses are equal (they must
+be: the same forward pass).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+GB = 1e9
+
+CHILD = """
+import json, sys, time
+import datasets, torch, transformers, llmpipe.evaluate
+datasets.load_from_disk(sys.argv[2] + "/val")
+transformers.AutoConfig.from_pretrained(sys.argv[1])
+
+
+def status(key):  # kB
+    return int(next(line for line in open("/proc/self/status") if line.startswith(key)).split()[1])
+
+
+open("/proc/self/clear_refs", "w").write("5")  # resets the peak (VmHWM) to the RSS now
+base, began = status("VmRSS"), time.perf_counter()
+llmpipe.evaluate.evaluate(sys.argv[1], sys.argv[2], sys.argv[3], 1, 2, stream_weights=sys.argv[4] == "streamed")
+print(json.dumps({"base_kb": base, "peak_kb": status("VmHWM"), "wall_s": time.perf_counter() - began}))
+"""
+
+
+def write_model(folder: Path, layers: int, hidden=2048, heads=32, kv=4, inter=5632, vocab=32000) -> tuple[int, int]:
+    """A Llama of random bf16 weights saved as save_pretrained would: (parameters, largest tensor in float32 bytes)."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig
+
+    LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        tie_word_embeddings=False,
+    ).save_pretrained(folder)
+    hd = hidden // heads
+    shapes = {"model.embed_tokens.weight": (vocab, hidden), "model.norm.weight": (hidden,), "lm_head.weight": (vocab, hidden)}
+    for i in range(layers):
+        p = f"model.layers.{i}"
+        shapes |= {
+            f"{p}.input_layernorm.weight": (hidden,),
+            f"{p}.post_attention_layernorm.weight": (hidden,),
+            f"{p}.self_attn.q_proj.weight": (heads * hd, hidden),
+            f"{p}.self_attn.k_proj.weight": (kv * hd, hidden),
+            f"{p}.self_attn.v_proj.weight": (kv * hd, hidden),
+            f"{p}.self_attn.o_proj.weight": (hidden, heads * hd),
+            f"{p}.mlp.gate_proj.weight": (inter, hidden),
+            f"{p}.mlp.up_proj.weight": (inter, hidden),
+            f"{p}.mlp.down_proj.weight": (hidden, inter),
+        }
+    g = torch.Generator().manual_seed(0)
+    files, part, size, weight_map = [], {}, 0, {}
+    for name, shape in shapes.items():
+        t = (
+            torch.randn(shape, generator=g).mul_(0.02).to(torch.bfloat16)
+            if len(shape) > 1
+            else torch.ones(shape, dtype=torch.bfloat16)
+        )
+        part[name], size = t, size + t.numel() * 2
+        if size > GB:
+            files.append(part)
+            part, size = {}, 0
+    files.append(part)
+    for i, tensors in enumerate(files):
+        fname = f"model-{i + 1:05d}-of-{len(files):05d}.safetensors"
+        save_file(tensors, folder / fname, metadata={"format": "pt"})
+        weight_map |= dict.fromkeys(tensors, fname)
+    total = sum(t.numel() * 2 for f in files for t in f.values())
+    (folder / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map})
+    )
+    numels = [a * b if len(s) == 2 else s[0] for s in shapes.values() for a, b in [(s + (1,))[:2]]]
+    return sum(numels), max(numels) * 4
+
+
+def write_view(folder: Path, rows: int, seq: int, vocab=32000) -> None:
+    import datasets
+    import numpy as np
+
+    ids = np.random.default_rng(0).integers(0, vocab, (rows, seq), dtype=np.int64)
+    cols = {"input_ids": ids.tolist(), "labels": ids.tolist(), "attention_mask": np.ones_like(ids, dtype=np.int8).tolist()}
+    datasets.Dataset.from_dict(cols).save_to_disk(str(folder / "val"))
+    (folder / "view.json").write_text("{}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--layers", type=int, default=22, help="decoder layers (22: ~1.1 B parameters)")
+    p.add_argument("--rows", type=int, default=2)
+    p.add_argument("--seq", type=int, default=512)
+    p.add_argument("--keep", help="write the model and view here and keep them (default: a temporary folder)")
+    args = p.parse_args()
+    work = Path(args.keep or tempfile.mkdtemp(prefix="evaluate-memory-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        params, largest = write_model(work / "model", args.layers)
+        write_view(work / "view", args.rows, args.seq)
+        env = {"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin", "TOKENIZERS_PARALLELISM": "false"}
+        got = {}
+        for mode in ("whole", "streamed"):
+            out = work / f"{mode}.json"
+            cmd = [sys.executable, "-c", CHILD, str(work / "model"), str(work / "view"), str(out), mode]
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            if proc.returncode:
+                raise SystemExit(f"evaluate ({mode}) failed:\n{proc.stderr[-3000:]}")
+            m = json.loads(proc.stdout.strip().splitlines()[-1])
+            got[mode] = {"grew": (m["peak_kb"] - m["base_kb"]) * 1024, "base": m["base_kb"] * 1024, "wall_s": m["wall_s"]}
+            got[mode]["eval"] = json.loads(out.read_text())
+        print(
+            f"model: {params / 1e9:.2f} B parameters, {4 * params / GB:.2f} GB in float32, largest tensor {largest / GB:.3f} GB"
+        )
+        print(f"imports + the view (each process, before evaluate): {got['whole']['base'] / GB:.2f} GB")
+        for mode in ("whole", "streamed"):
+            g = got[mode]
+            print(
+                f"{mode:9s} grew {g['grew'] / GB:.2f} GB ({g['grew'] / (4 * params):.2f}x the float32 model, "
+                f"{g['grew'] / largest:.1f}x its largest tensor), {g['wall_s']:.1f} s, val_loss {g['eval']['val_loss']:.6f}"
+            )
+        ratio = got["streamed"]["grew"] / got["whole"]["grew"]
+        same = got["streamed"]["eval"]["val_loss"] == got["whole"]["eval"]["val_loss"]
+        print(f"streamed / whole: {ratio:.3f}; losses equal: {same}")
+        if not same:
+            raise SystemExit("the streamed loss differs from the whole model's")
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
