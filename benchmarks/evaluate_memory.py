@@ -3,7 +3,7 @@ by module (eval.stream_weights), on a random-weight ~1.1B-parameter Llama (TinyL
 
   python benchmarks/evaluate_memory.py [--layers 22] [--rows 2] [--seq 512] [--keep DIR]
 
-Writes config.json and the weights (safetensors, an index over files of at most 1 GB) and an hf view of
+Writes config.json and the weights (two safetensors files and their index) and an hf view of
 `rows` random rows (val split, no tokenizer record), then runs evaluate in a fresh process per mode, one
 row a batch, and reads how far its RSS grew over what it held once it had imported what evaluate imports
 and read the view (/proc/self/clear_refs, then VmHWM). Prints each growth against the model in float32 and
@@ -20,6 +20,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from neuron_shard_memory import write_model as write_llama  # benchmarks/neuron_shard_memory.py
 
 REPO = Path(__file__).resolve().parents[1]
 GB = 1e9
@@ -42,59 +44,14 @@ print(json.dumps({"base_kb": base, "peak_kb": status("VmHWM"), "wall_s": time.pe
 """
 
 
-def write_model(folder: Path, layers: int, hidden=2048, heads=32, kv=4, inter=5632, vocab=32000) -> tuple[int, int]:
-    """A Llama of random bf16 weights saved as save_pretrained would: (parameters, largest tensor in float32 bytes)."""
+def write_model(folder: Path, layers: int) -> tuple[int, int]:
+    """TinyLlama's shape in random bf16 weights (neuron_shard_memory's writer): (parameters, largest tensor in
+    float32 bytes)."""
     import torch
-    from safetensors.torch import save_file
-    from transformers import LlamaConfig
 
-    LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=inter,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv,
-        tie_word_embeddings=False,
-    ).save_pretrained(folder)
-    hd = hidden // heads
-    shapes = {"model.embed_tokens.weight": (vocab, hidden), "model.norm.weight": (hidden,), "lm_head.weight": (vocab, hidden)}
-    for i in range(layers):
-        p = f"model.layers.{i}"
-        shapes |= {
-            f"{p}.input_layernorm.weight": (hidden,),
-            f"{p}.post_attention_layernorm.weight": (hidden,),
-            f"{p}.self_attn.q_proj.weight": (heads * hd, hidden),
-            f"{p}.self_attn.k_proj.weight": (kv * hd, hidden),
-            f"{p}.self_attn.v_proj.weight": (kv * hd, hidden),
-            f"{p}.self_attn.o_proj.weight": (hidden, heads * hd),
-            f"{p}.mlp.gate_proj.weight": (inter, hidden),
-            f"{p}.mlp.up_proj.weight": (inter, hidden),
-            f"{p}.mlp.down_proj.weight": (hidden, inter),
-        }
-    g = torch.Generator().manual_seed(0)
-    files, part, size, weight_map = [], {}, 0, {}
-    for name, shape in shapes.items():
-        t = (
-            torch.randn(shape, generator=g).mul_(0.02).to(torch.bfloat16)
-            if len(shape) > 1
-            else torch.ones(shape, dtype=torch.bfloat16)
-        )
-        part[name], size = t, size + t.numel() * 2
-        if size > GB:
-            files.append(part)
-            part, size = {}, 0
-    files.append(part)
-    for i, tensors in enumerate(files):
-        fname = f"model-{i + 1:05d}-of-{len(files):05d}.safetensors"
-        save_file(tensors, folder / fname, metadata={"format": "pt"})
-        weight_map |= dict.fromkeys(tensors, fname)
-    total = sum(t.numel() * 2 for f in files for t in f.values())
-    (folder / "model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map})
-    )
-    numels = [a * b if len(s) == 2 else s[0] for s in shapes.values() for a, b in [(s + (1,))[:2]]]
-    return sum(numels), max(numels) * 4
+    folder.mkdir(parents=True, exist_ok=True)
+    total, largest = write_llama(folder, torch.bfloat16, layers=layers, kv=4, inter=5632)
+    return total // 2, largest * 2
 
 
 def write_view(folder: Path, rows: int, seq: int, vocab=32000) -> None:
