@@ -86,6 +86,20 @@ def test_auto_streams_when_the_float32_model_is_over_half_the_memory(prepared, m
     assert streaming("auto", prepared["init"], cpu) and not streaming(False, prepared["init"], cpu)
 
 
+def test_a_jobs_cgroup_limit_bounds_the_memory_there_is(monkeypatch):
+    """A Slurm job's mem_mb (its cgroup's limit) counts when it is below what the machine has available."""
+    from llmpipe.model import streamed
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(streamed, "_cgroup_limit", lambda: None)
+    machine = streamed.available_bytes(cpu)
+    assert machine > 0
+    monkeypatch.setattr(streamed, "_cgroup_limit", lambda: 1234)
+    assert streamed.available_bytes(cpu) == 1234
+    monkeypatch.setattr(streamed, "_cgroup_limit", lambda: 1 << 62)
+    assert streamed.available_bytes(cpu) < 1 << 62
+
+
 def test_a_parameter_the_files_lack_is_named(prepared, tmp_path):
     from safetensors.torch import load_file, save_file
 

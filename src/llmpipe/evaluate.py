@@ -117,5 +117,5 @@ def main(argv: list[str] | None = None) -> None:
         e = cfg["eval"]
         stream = e["stream_weights"] if args.stream_weights is None else STREAM[args.stream_weights]
         evaluate(args.model, args.data, args.out, e["batch_size"], args.threads, masking, e["final_max_batches"], stream)
-    except (TokenizerMismatch, FolderError) as exc:
+    except (TokenizerMismatch, FolderError, ValueError) as exc:  # ValueError: a weight file's tensor not a float one
         raise SystemExit(f"llmpipe evaluate: {exc}") from None

@@ -3,11 +3,13 @@
 module's weights plus the activations, not the whole model: a 70B scores in tens of GB, on a CPU node or
 one GPU. The forward pass is the whole model's (the same modules, dtype and operations), so is the loss;
 the price is reading every weight again for each batch (from the page cache where the machine holds the
-files)."""
+files). A model that reads a module's weights outside that module's forward (Llama's does not) stops
+with torch's error about meta tensors, never a wrong loss."""
 
 from __future__ import annotations
 
 import functools
+import math
 from pathlib import Path
 
 import torch
@@ -22,7 +24,7 @@ def float32_bytes(folder: str | Path) -> int | None:
     files = weight_files(Path(folder))
     if files is None:
         return None
-    return sum(4 * _numel(shape) for _, _, _, shape in tensors_of(files, lambda name: False).values())
+    return sum(4 * math.prod(shape) for _, _, _, shape in tensors_of(files, lambda name: False).values())
 
 
 def available_bytes(device: torch.device) -> int | None:
@@ -35,12 +37,13 @@ def available_bytes(device: torch.device) -> int | None:
     except OSError:
         return None
     have = next((int(line.split()[1]) * 1024 for line in meminfo.splitlines() if line.startswith("MemAvailable:")), None)
-    limit = _cgroup_limit()
-    return min(x for x in (have, limit) if x is not None) if have or limit else None
+    known = [x for x in (have, _cgroup_limit()) if x]
+    return min(known) if known else None
 
 
 def _cgroup_limit() -> int | None:
-    """This process's cgroup memory limit (v2 memory.max, v1 memory.limit_in_bytes); None: none set."""
+    """This process's cgroup memory limit (v2 memory.max, v1 memory.limit_in_bytes), at its path under the
+    mount or, in a container, at the mount's root; None: none set."""
     try:
         lines = Path("/proc/self/cgroup").read_text().splitlines()
     except OSError:
@@ -51,20 +54,15 @@ def _cgroup_limit() -> int | None:
         root = Path("/sys/fs/cgroup") if controllers == "" else Path("/sys/fs/cgroup/memory")
         if name is None:
             continue
-        try:
-            value = (root / path.lstrip("/") / name).read_text().strip()
-        except OSError:
-            continue
-        if value.isdigit() and int(value) < 1 << 60:  # v1 says "no limit" with a huge number, v2 with "max"
-            return int(value)
+        for folder in (root / path.lstrip("/"), root):
+            try:
+                value = (folder / name).read_text().strip()
+            except OSError:
+                continue
+            if value.isdigit() and int(value) < 1 << 60:  # v1 says "no limit" with a huge number, v2 with "max"
+                return int(value)
+            break
     return None
-
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def streamed_causal_lm(folder: str | Path, device: torch.device, attention: str, dtype=torch.float32):
