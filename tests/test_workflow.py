@@ -116,6 +116,12 @@ def test_embedded_default_end_to_end(workdir):
     # a setting of a view this run does not build (litgpt's file size; views: [hf]) reruns nothing
     other = snakemake(workdir, "-n", "--config", "data={litgpt_sequences_per_file: 7}", timeout=120)
     assert other.returncode == 0 and "Nothing to be done" in other.stdout + other.stderr, other.stdout[-2000:]
+    # how evaluate holds the weights reruns nothing; how many rows it scores reruns evaluate, never training
+    streamed = snakemake(workdir, "-n", "--config", "eval={stream_weights: true}", timeout=120)
+    assert streamed.returncode == 0 and "Nothing to be done" in streamed.stdout + streamed.stderr, streamed.stdout[-2000:]
+    bounded = snakemake(workdir, "-n", "--config", "eval={final_max_batches: 1}", timeout=120)
+    assert bounded.returncode == 0 and "rule evaluate:" in bounded.stdout, bounded.stdout[-2000:] + bounded.stderr[-2000:]
+    assert "rule train_torch:" not in bounded.stdout and "rule export_hf:" not in bounded.stdout
     # settings that do not change the trained model rerun no training (nor export, evaluate): they reran it all
     neutral = "train={log_interval: 7, keep_checkpoints: 3, threads: 1, micro_batch_size: 2}"
     dry = snakemake(workdir, "-n", "--config", neutral, timeout=120)
