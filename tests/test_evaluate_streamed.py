@@ -113,6 +113,20 @@ def test_a_parameter_the_files_lack_is_named(prepared, tmp_path):
         streamed_causal_lm(folder, torch.device("cpu"), "sdpa")
 
 
+def test_a_model_transformers_converts_as_it_loads_is_refused_by_name(tmp_path):
+    """Mixtral's experts are fused as transformers loads them (the files hold them one by one): reading its
+    modules' tensors by name cannot work, and the reason is said (the check init-model's streaming shares)."""
+    from transformers import AutoModelForCausalLM, MixtralConfig
+
+    conf = MixtralConfig(
+        vocab_size=100, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, num_local_experts=2,
+    )  # fmt: skip
+    AutoModelForCausalLM.from_config(conf).save_pretrained(tmp_path / "mix")
+    with pytest.raises(FolderError, match="cannot stream its weights: transformers converts MixtralForCausalLM"):
+        streamed_causal_lm(tmp_path / "mix", torch.device("cpu"), "sdpa")
+
+
 MEASURE = """
 import json, sys
 import datasets, transformers, llmpipe.evaluate

@@ -14,7 +14,7 @@ from llmpipe.data.tokenizer import copy_tokenizer_files, load_tokenizer
 from llmpipe.io import atomic_path
 from llmpipe.model.hf_compat import legacy_readable
 from llmpipe.model.safetensors_out import not_weight
-from llmpipe.model.weights import Found, copy_weights, generation_config, tensors_of, weight_files
+from llmpipe.model.weights import Found, copy_weights, generation_config, tensors_of, weight_files, why_not_by_name
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +127,6 @@ def streamed(base: str | Path) -> Streamed | None:
     model's, persistent buffers, a model whose weights transformers renames or converts as it loads): why is
     logged, with the memory that takes."""
     from transformers import AutoConfig, AutoModelForCausalLM
-    from transformers.conversion_mapping import get_model_conversion_mapping
 
     files = weight_files(Path(base))
     if files is None:
@@ -141,11 +140,9 @@ def streamed(base: str | Path) -> Streamed | None:
         size = sum(math.prod(shape) for shape in params.values()) * 8 / 1e9
         log.warning("model.init_from %s: loaded whole, about %.1f GB (%s)", base, size, why)
 
-    if get_model_conversion_mapping(model, add_legacy=False) or getattr(model, "_keys_to_ignore_on_save", None):
-        return whole(f"transformers converts {type(model).__name__}'s weights as it loads and saves them")
-    tied = set(model.state_dict()) - set(params)  # a tied weight's other names (lm_head.weight), or persistent buffers
-    if tied & {name for name, _ in model.named_buffers()}:
-        return whole("its model has persistent buffers")
+    if why := why_not_by_name(model):
+        return whole(why)
+    tied = set(model.state_dict()) - set(params)  # a tied weight's other names (lm_head.weight)
     try:
         found = tensors_of(files, lambda name: not_weight(name) or name in tied)
     except ValueError as exc:  # a tensor that is not a float weight (a mask, position ids, quantized weights)

@@ -1,7 +1,7 @@
 """A causal LM whose weights stay in their safetensors files (evaluate): each module's parameters are read
 (pread, cast) just before that module runs and dropped right after it, so a forward pass holds about one
-module's weights plus the activations, not the whole model: a 70B scores in tens of GB, on a CPU node or
-one GPU. The forward pass is the whole model's (the same modules, dtype and operations), so is the loss;
+module's weights plus the activations, not the whole model (a 70B: ~4 GB of weights at a time, worked out,
+not run). The forward pass is the whole model's (the same modules, dtype and operations), so is the loss;
 the price is reading every weight again for each batch (from the page cache where the machine holds the
 files). A model that reads a module's weights outside that module's forward (Llama's does not) stops
 with torch's error about meta tensors, never a wrong loss."""
@@ -16,7 +16,7 @@ import torch
 
 from llmpipe.model.folder import FolderError
 from llmpipe.model.safetensors_out import map_large_allocations
-from llmpipe.model.weights import read_tensor, tensors_of, weight_files
+from llmpipe.model.weights import read_tensor, tensors_of, weight_files, why_not_by_name
 
 
 def float32_bytes(folder: str | Path) -> int | None:
@@ -81,6 +81,8 @@ def streamed_causal_lm(folder: str | Path, device: torch.device, attention: str,
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attention, trust_remote_code=False)
     model.tie_weights()  # as from_pretrained does: a tied lm_head is the embedding's parameter
+    if why := why_not_by_name(model):
+        raise FolderError(f"{folder}: cannot stream its weights: {why} (eval.stream_weights false loads it whole)")
     model.eval().requires_grad_(False)
     names = {}  # a parameter's names: tied weights (a Llama's lm_head and embedding) share one
     for name, p in model.named_parameters(remove_duplicate=False):

@@ -51,6 +51,20 @@ def indexed(folder: Path) -> list[Path] | None:
     return files
 
 
+def why_not_by_name(model) -> str | None:
+    """Why `model`'s tensors cannot be read one by one as its weight files name them (so it must load whole
+    through from_pretrained), or None: transformers converts its weights as it loads them (renames, fused
+    experts), or it has persistent buffers (values the files hold that no parameter does). `model` may be on the
+    meta device."""
+    from transformers.conversion_mapping import get_model_conversion_mapping
+
+    if get_model_conversion_mapping(model, add_legacy=False) or getattr(model, "_keys_to_ignore_on_save", None):
+        return f"transformers converts {type(model).__name__}'s weights as it loads and saves them"
+    if set(model.state_dict()) & {name for name, _ in model.named_buffers()}:
+        return "its model has persistent buffers"
+    return None
+
+
 def tensors_of(files: list[Path], skip) -> Found:
     """name -> (file, data offset, safetensors dtype, shape) of each tensor, from the files' headers only. A name
     the file's metadata maps to a tensor it holds (safetensors' save_model keeps one name of tied weights, the
