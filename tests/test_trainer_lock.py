@@ -92,6 +92,74 @@ def test_second_launch_on_the_same_checkpoints_refuses_at_once(tmp_path):
     assert not (tmp_path / lockmod.LOCK_NAME).exists()  # released on the way out
 
 
+TRAIN_UNDER_LEASE = (
+    "import sys\nfrom llmpipe.train.lock import trainer_lease\nwith trainer_lease(sys.argv[1], 't'):\n    print('trained')"
+)
+
+
+def test_launch_passes_its_lease_on_and_the_trainer_does_not_take_it_again(tmp_path):
+    """Under llmpipe launch --lock the trainer's own lease is the launcher's: not refused by it."""
+    launch = [sys.executable, "-m", "llmpipe", "launch", "--launcher", "local", "--lock", str(tmp_path), "--"]
+    done = subprocess.run([*launch, "-c", TRAIN_UNDER_LEASE, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "trained", done.stderr
+    assert not (tmp_path / lockmod.LOCK_NAME).exists()
+
+
+@pytest.mark.parametrize("cli", ["torch-train", "colossal-train"])
+def test_a_trainer_run_by_hand_takes_the_lease_before_reading_anything(tmp_path, cli):
+    """Not under llmpipe launch (by hand, torchrun, colossalai run): the trainer refuses checkpoints another
+    trainer holds, naming it, before it reads its config (which does not exist here)."""
+    held = lockmod.TrainerLock(tmp_path / "ckpt")
+    held.acquire()
+    try:
+        argv = ["--config", str(tmp_path / "missing.yaml"), "--init", "i", "--data", "d", "--metrics", "m", "--out", "o"]
+        env = {k: v for k, v in os.environ.items() if k not in (lockmod.HELD_ENV, "RANK")}
+        other = subprocess.run(
+            [sys.executable, "-m", "llmpipe", cli, *argv, "--checkpoints", str(tmp_path / "ckpt")],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+        assert other.returncode != 0 and f"llmpipe {cli}: " in other.stderr
+        assert f"pid {os.getpid()} on host {socket.gethostname()}" in other.stderr, other.stderr
+    finally:
+        held.release()
+
+
+def test_trainer_lease_is_rank_0s_and_released_on_the_way_out(tmp_path, monkeypatch):
+    monkeypatch.delenv(lockmod.HELD_ENV, raising=False)
+    monkeypatch.setenv("RANK", "1")
+    with lockmod.trainer_lease(tmp_path, "t"):
+        assert not (tmp_path / lockmod.LOCK_NAME).exists()  # rank 0 holds it for the run
+    monkeypatch.setenv("RANK", "0")
+    with lockmod.trainer_lease(tmp_path / "ck", "t"):
+        assert lockmod._read(tmp_path / "ck" / lockmod.LOCK_NAME)["pid"] == os.getpid()
+    assert not (tmp_path / "ck").exists()  # made for the lease and empty: gone
+    with lockmod.trainer_lease(tmp_path, "t"):
+        (tmp_path / "step_1").mkdir()
+    assert [p.name for p in tmp_path.iterdir()] == ["step_1"]  # the lock gone, a folder that was there kept
+
+
+def test_a_lost_lease_stops_a_trainer_run_by_hand(tmp_path):
+    """Another trainer took the lease (this one's heartbeat stalled past LEASE): this one gets SIGTERM, as
+    llmpipe launch would send it."""
+    code = f"import time\nfrom llmpipe.train import lock\nlock.HEARTBEAT = 0.2\n{TRAIN_UNDER_LEASE}\n    time.sleep(60)"
+    env = {k: v for k, v in os.environ.items() if k not in (lockmod.HELD_ENV, "RANK")}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert proc.stdout.readline().strip() == "trained"
+        (tmp_path / lockmod.LOCK_NAME).write_text(json.dumps({"host": "another-node", "pid": 1, "heartbeat": time.time()}))
+        assert proc.wait(30) == -signal.SIGTERM
+        assert "lost the trainer lock" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert json.loads((tmp_path / lockmod.LOCK_NAME).read_text())["host"] == "another-node"  # the new holder's, kept
+
+
 def trainers(root) -> list[psutil.Process]:
     """The torch-train processes running in `root` (the launcher itself left out)."""
     out = []
@@ -227,3 +295,19 @@ def test_kill_9_of_the_launcher_stops_its_trainer_and_the_lease_holds_while_it_r
     assert not pid_running(group, group=True), "the trainer outlived its launcher"
     third = subprocess.run([*launch, "-c", "print('trained')"], capture_output=True, text=True, timeout=60)
     assert third.returncode == 0 and "trained" in third.stdout, third.stderr
+
+
+def test_a_sagemaker_job_takes_no_lease_file_into_its_synced_checkpoints(tmp_path, monkeypatch):
+    """SageMaker syncs checkpoints/ to S3: its entry tells the trainer the job is the lease."""
+    from llmpipe.backends.sagemaker import entry
+
+    (tmp_path / "input" / "config").mkdir(parents=True)
+    (tmp_path / "input" / "config" / "hyperparameters.json").write_text(
+        json.dumps({"llmpipe_config": "{}", "processes_per_instance": "1"})
+    )
+    seen = {}
+    monkeypatch.setenv("LLMPIPE_SM_ROOT", str(tmp_path))
+    monkeypatch.setattr(entry, "check_image", lambda: None)
+    monkeypatch.setattr(entry, "run_teed", lambda cmd, env: seen.update(env))
+    entry.main()
+    assert seen[lockmod.HELD_ENV] == str((tmp_path / "checkpoints").resolve())

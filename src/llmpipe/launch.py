@@ -210,13 +210,14 @@ def dies_with_parent(cmd: list[str]) -> list[str]:
 def run_locked(cmd: list[str], env: dict, folder: str) -> int:
     """Run `cmd` holding the run's trainer lease; stop it (its whole process group) when the snakemake
     that started us dies or the lease is lost; the exit code is the command's."""
-    from llmpipe.train.lock import LockHeld, TrainerLock, alive, snakemake_ancestor
+    from llmpipe.train.lock import HELD_ENV, LockHeld, TrainerLock, alive, snakemake_ancestor
 
     lock = TrainerLock(folder)
     try:
         lock.acquire()
     except LockHeld as exc:
         raise SystemExit(f"llmpipe launch: {exc}") from None
+    env = {**env, HELD_ENV: str(lock.path.parent.resolve())}  # the trainer does not take it again
     driver = snakemake_ancestor()
     child = subprocess.Popen(dies_with_parent(cmd), env=env, start_new_session=True)
     lock.set_group(child.pid)  # its own session: the lease holds while any process of it runs

@@ -8,13 +8,18 @@ heartbeat is older than LEASE seconds (a dead node; clocks are assumed within se
 them), but never on its host while a process of the trainer's process group (`group`) runs: a launcher
 killed with SIGKILL leaves no one to stop it at once (llmpipe.launch sends it SIGTERM through the kernel,
 PR_SET_PDEATHSIG, and it may take a while to stop). A lease that is not ours any more stops the training.
+`llmpipe launch --lock` holds it for what it starts; a trainer started otherwise (by hand, `torchrun`,
+`colossalai run`) takes it itself (`trainer_lease`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -24,6 +29,7 @@ from llmpipe.io import pid_running
 LOCK_NAME = ".trainer.lock"
 HEARTBEAT = 10.0
 LEASE = 60.0
+HELD_ENV = "LLMPIPE_TRAINER_LEASE"  # set by llmpipe launch for what it starts: the folder whose lease it holds
 
 
 class LockHeld(RuntimeError):
@@ -55,6 +61,7 @@ class TrainerLock:
         self._writing = threading.Lock()  # the heartbeat thread and set_group share one temp file
         self._stop = threading.Event()
         self.lost = threading.Event()
+        self.on_lost = None  # called from the heartbeat thread once the lease is lost
 
     def _record(self) -> dict:
         group = {"group": self.group} if self.group else {}
@@ -127,6 +134,8 @@ class TrainerLock:
         while not self._stop.wait(HEARTBEAT):
             if not self._ours():
                 self.lost.set()
+                if self.on_lost:
+                    self.on_lost()
                 return
             self._write()
 
@@ -134,6 +143,36 @@ class TrainerLock:
         self._stop.set()
         if self._ours():
             self.path.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def trainer_lease(folder: str | Path, prog: str):
+    """The lease on checkpoint folder `folder` while a trainer runs, unless llmpipe launch holds it for this
+    process (HELD_ENV) or this is not global rank 0 (rank 0 holds it for the run). Held by another: SystemExit
+    naming the holder. Lost while training: this process gets SIGTERM, as llmpipe launch would send it."""
+    folder = Path(folder).resolve()
+    if os.environ.get(HELD_ENV) == str(folder) or os.environ.get("RANK", "0") != "0":
+        yield
+        return
+    made = not folder.exists()
+    lock = TrainerLock(folder)
+    try:
+        lock.acquire()
+    except LockHeld as exc:
+        raise SystemExit(f"{prog}: {exc}") from None
+
+    def stop() -> None:
+        print(f"{prog}: lost the trainer lock {lock.path}: stopping", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    lock.on_lost = stop
+    try:
+        yield
+    finally:
+        lock.release()
+        if made:  # a trainer that refused its setup leaves no empty checkpoint folder behind
+            with contextlib.suppress(OSError):
+                folder.rmdir()
 
 
 def snakemake_ancestor(pid: int | None = None) -> tuple[int, str] | None:

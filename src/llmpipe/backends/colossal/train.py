@@ -46,6 +46,7 @@ from llmpipe.train.batching import Sampler, grad_accum_steps
 from llmpipe.train.checkpoint import CheckpointError
 from llmpipe.train.cli import trainer_parser
 from llmpipe.train.guard import NonFiniteError, NonFiniteGuard
+from llmpipe.train.lock import trainer_lease
 from llmpipe.train.loop import StepLoop
 from llmpipe.train.loss import label_count, lm_loss_sum, shared_rows
 from llmpipe.train.metrics import MetricsWriter
@@ -464,7 +465,12 @@ def train(
 def main(argv: list[str] | None = None) -> None:
     args = trainer_parser("llmpipe colossal-train", __doc__, tokenizer=True).parse_args(argv)
     warnings.filterwarnings("ignore", message=".*(apex|tensornvme|TensorNVMe).*")
-    cfg = cfgmod.load(args.config)
+    with trainer_lease(args.checkpoints, "llmpipe colossal-train"):
+        train_or_exit(cfgmod.load(args.config), args)
+
+
+def train_or_exit(cfg: dict, args) -> None:
+    """train(), its expected failures as one line."""
     try:
         train(cfg, args.init, args.data, args.checkpoints, args.metrics, args.out, args.tokenizer, args.stop_after)
     except (NonFiniteError, CheckpointError, ValueError) as exc:  # ValueError: the setup's checks (layout, batch, view)

@@ -25,6 +25,7 @@ from pathlib import Path
 log = logging.getLogger("llmpipe.sagemaker.entry")
 
 MASTER_PORT = 29500
+HELD_ENV = "LLMPIPE_TRAINER_LEASE"  # llmpipe.train.lock.HELD_ENV (this file runs before llmpipe is importable)
 # Imported by the trainer; the image must bring them (network isolation: nothing installs at start).
 REQUIRED = ("torch", "transformers", "datasets", "safetensors", "jsonschema", "yaml", "numpy", "tqdm")
 
@@ -120,6 +121,8 @@ def main() -> None:
             out = Path(tmp) / "final"
             cmd = command(root, hp, resource, out)
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(code), os.environ.get("PYTHONPATH")]))}
+            # the job is the run's one trainer: no lease file in checkpoints/, which SageMaker syncs to S3
+            env[HELD_ENV] = str((root / "checkpoints").resolve())
             log.info("llmpipe from %s; running: %s", code, " ".join(cmd[:8]) + " ...")
             run_teed(cmd, env)
             if out.is_dir():  # written by global rank 0 only

@@ -37,6 +37,7 @@ from llmpipe.train.checkpoint import CheckpointError
 from llmpipe.train.cli import trainer_parser
 from llmpipe.train.documents import SDPA, attention_kernel, masking_wanted, model_inputs
 from llmpipe.train.guard import NonFiniteError, NonFiniteGuard
+from llmpipe.train.lock import trainer_lease
 from llmpipe.train.loop import StepLoop
 from llmpipe.train.loss import dataset_loss, label_count, lm_loss_sum
 from llmpipe.train.metrics import MetricsWriter
@@ -363,7 +364,8 @@ def train(cfg: dict, init_dir, data_dir, ckpt_root, metrics_path, out_dir, stop_
 def main(argv: list[str] | None = None) -> None:
     args = trainer_parser("llmpipe torch-train", __doc__).parse_args(argv)
     try:
-        train(cfgmod.load(args.config), args.init, args.data, args.checkpoints, args.metrics, args.out, args.stop_after)
+        with trainer_lease(args.checkpoints, "llmpipe torch-train"):
+            train(cfgmod.load(args.config), args.init, args.data, args.checkpoints, args.metrics, args.out, args.stop_after)
     except (NonFiniteError, CheckpointError, ValueError) as exc:  # ValueError: the setup's checks (view, batch)
         if isinstance(exc, ValueError) and os.environ.get("LLMPIPE_DEBUG"):
             raise
